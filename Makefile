@@ -1,0 +1,54 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Everything installs into .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+STAMP := $(VENV)/.sgl-dspark-installed
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+# torch pins restated in every pip call so nothing drifts (sglang==0.5.23 needs torch 2.14.1).
+TORCH := torch==2.14.1 torchvision==0.29.1 triton==3.8.0
+# What SGLang imports at module level on a serving path; its CUDA-only pins are skipped (installed --no-deps).
+SGLANG_DEPS := numpy orjson psutil pybase64 requests pillow msgspec pydantic pyzmq tqdm ipython aiohttp \
+	'uvicorn>=0.51' uvloop fastapi python-multipart setproctitle einops jsonschema dill gguf partial-json-parser \
+	soundfile==0.13.1 transformers==5.19.0 tokenizers==0.23.2 sentencepiece==0.2.1 openai==2.8.0 apache-tvm-ffi==0.1.11 \
+	compressed-tensors==0.18.0 xgrammar==0.2.7 ninja prometheus-client regex xxhash zstandard packaging \
+	python-dateutil scipy
+PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout
+GPU_DEPS := sglang-kernel==0.4.10 'flashinfer_python[cu13]==0.7.2'
+
+.PHONY: install demo test test-unit test-integration test-gpu bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml sgl_kernel_cpu/pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) $(TORCH)
+	$(PIP) --no-deps sglang==0.5.23
+	$(PIP) $(TORCH) $(SGLANG_DEPS) $(PROJECT_DEPS)
+ifeq ($(HAS_CUDA),1)
+	$(PIP) $(TORCH) $(GPU_DEPS)
+else
+	$(PIP) --no-deps -e sgl_kernel_cpu
+endif
+	$(PIP) --no-deps -e .
+	$(PY) -c "import sglang, sgl_kernel, sgl_dspark, scheduler_patch, attention_backends"
+	touch $@
+
+demo: install
+	$(PY) -m sgl_dspark.demo $(DEMO_ARGS)
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit
+
+test-integration: install
+	$(PY) -m pytest -q tests/integration
+
+test-gpu: install
+	$(PY) -m pytest -q tests/gpu
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""SGLang attention backends with hierarchical (tree) verification masks over the paged KV cache."""

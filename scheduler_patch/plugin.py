@@ -1,0 +1,29 @@
+"""Entry point of the `sglang.srt.plugins` group: runs in SGLang's main, scheduler and detokenizer processes.
+
+It announces itself on stderr (one line, so every process shows it ran; SGLang configures logging only
+after plugins load in some processes) and registers the patches. With no DSPARK requested, no patch
+changes SGLang's behaviour.
+"""
+
+import os
+import sys
+
+import sgl_dspark
+
+ANNOUNCE = "sgl-dspark plugin loaded"
+
+
+def process_role() -> str:
+    """The SGLang process we run in, read off the caller (`run_scheduler_process` -> "scheduler")."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_name
+        if name.startswith("run_") and name.endswith("_process"):
+            return name[len("run_"):-len("_process")]
+        frame = frame.f_back
+    return "main"
+
+
+def load() -> None:
+    print(f"{ANNOUNCE}: version={sgl_dspark.__version__} process={process_role()} pid={os.getpid()}",
+          file=sys.stderr, flush=True)

@@ -1,0 +1,186 @@
+"""DSpark knobs: the one frozen, validated configuration and the one place that builds it (`load_config`).
+
+Owns the knob names, their validation rules, the presets in `configs/` (each merged over
+`configs/default.json`, the only place defaults live) and how CLI-style overrides merge over a preset.
+Must not read env vars or import SGLang; the SGLang seam passes its flags in through `cli_overrides`.
+"""
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEDULER_MODES = ("prefix", "lagged", "off")
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_PRESET = "default"
+PRESET_META_KEYS = ("description",)  # allowed in preset files, not knobs
+CLI_PREFIX = "speculative_dspark_"  # --speculative-dspark-max-window -> max_window
+PRESET_KNOB = "preset"  # --speculative-dspark-preset chooses the preset rather than setting a knob
+
+
+@dataclass(frozen=True)
+class DSparkConfig:
+    max_window: int  # gamma cap: most draft positions one block may hold
+    min_window: int  # fewest draft positions, even when survival falls below survival_threshold
+    survival_threshold: float  # drafting stops past a node whose survival is below this
+    branch_threshold: float  # tree drafting: a node gets sibling candidates while its confidence is below this
+    tree_width: int  # most candidates per tree node (1 = chain)
+    max_tree_nodes: int  # most draft nodes per tree (anchor excluded)
+    scheduler: str  # verify-budget mode, one of SCHEDULER_MODES
+    min_verify: int  # draft nodes every request verifies whatever the scheduler says (if drafted)
+    max_verify: int | None  # most draft nodes one request verifies (None: no cap)
+    latency_target_ms: float | None  # per-user step-latency target; the scheduler shrinks B to meet it
+    cost_refit_alpha: float  # weight of one measured step in the online cost-table refit (0: frozen table)
+    cost_table: str | None  # step-cost table JSON (sgl_dspark.cost); None: profile at start-up
+    calibration: str | None  # STS temperatures JSON (sgl_dspark.calibration); None: raw confidences
+    draft_vocab: str | None  # reduced draft vocabulary file; None: the target's full vocabulary
+    lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, int) and not isinstance(value, bool) and field.name in _FLOAT_KNOBS:
+                object.__setattr__(self, field.name, float(value))
+            ok, allowed = RULES[field.name]
+            if not ok(getattr(self, field.name)):
+                raise invalid(field.name, value, allowed)
+        if self.min_window > self.max_window:
+            raise invalid("min_window", self.min_window, f"an integer in [1, max_window={self.max_window}]")
+        if self.max_verify is not None and self.min_verify > self.max_verify:
+            raise invalid("min_verify", self.min_verify, f"an integer in [0, max_verify={self.max_verify}]")
+
+    @property
+    def is_chain(self) -> bool:
+        return self.tree_width == 1
+
+    @property
+    def max_draft_nodes(self) -> int:
+        """Most draft nodes one request can hold: the window for a chain, the node cap for a tree."""
+        return self.max_window if self.is_chain else self.max_tree_nodes
+
+    @property
+    def verify_cap(self) -> int:
+        """Most draft nodes one request can verify."""
+        return self.max_draft_nodes if self.max_verify is None else min(self.max_verify, self.max_draft_nodes)
+
+    @property
+    def latency_target_s(self) -> float | None:
+        return None if self.latency_target_ms is None else self.latency_target_ms / 1000.0
+
+
+def invalid(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"DSpark config: {name}={value!r} is invalid; allowed: {allowed}")
+
+
+def _int_at_least(lo: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], bool]:
+    def ok(v: Any) -> bool:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return False
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    return ok
+
+
+def _optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _is_path(v: Any) -> bool:
+    return isinstance(v, str) and v.strip() != ""
+
+
+_FLOAT_KNOBS = ("survival_threshold", "branch_threshold", "latency_target_ms", "cost_refit_alpha")
+
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_window": (_int_at_least(1), "an integer >= 1"),
+    "min_window": (_int_at_least(1), "an integer >= 1"),
+    "survival_threshold": (_number_in(0, 1, hi_open=True), "a number in [0, 1)"),
+    "branch_threshold": (_number_in(0, 1), "a number in [0, 1]"),
+    "tree_width": (_int_at_least(1), "an integer >= 1 (1 = chain)"),
+    "max_tree_nodes": (_int_at_least(1), "an integer >= 1"),
+    "scheduler": (lambda v: v in SCHEDULER_MODES, " | ".join(SCHEDULER_MODES)),
+    "min_verify": (_int_at_least(0), "an integer >= 0"),
+    "max_verify": (_optional(_int_at_least(1)), "null or an integer >= 1"),
+    "latency_target_ms": (_optional(_number_in(0, math.inf, lo_open=True)), "null or a number > 0"),
+    "cost_refit_alpha": (_number_in(0, 1), "a number in [0, 1]"),
+    "cost_table": (_optional(_is_path), "null or a non-empty path"),
+    "calibration": (_optional(_is_path), "null or a non-empty path"),
+    "draft_vocab": (_optional(_is_path), "null or a non-empty path"),
+    "lookup": (lambda v: isinstance(v, bool), "true | false"),
+}
+KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
+assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"
+
+
+def load_config(preset: str | Path = DEFAULT_PRESET, overrides: Mapping[str, Any] | None = None) -> DSparkConfig:
+    """The one builder: configs/default.json <- the preset <- overrides (later wins).
+
+    preset: a name in configs/ ("chain", "tree", ...) or a path to a JSON file.
+    overrides: knob -> value (e.g. from `cli_overrides`); None values are ignored (flag not given).
+    """
+    merged = _check_known(read_preset(preset_path(DEFAULT_PRESET)), "configs/default.json")
+    missing = sorted(set(KNOBS) - merged.keys())
+    if missing:
+        raise ValueError(f"DSpark config: configs/default.json must set every knob; missing {missing}")
+    if str(preset) != DEFAULT_PRESET:
+        merged |= _check_known(read_preset(preset_path(preset)), f"preset {preset}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    merged |= _check_known(given, "overrides")
+    return DSparkConfig(**merged)
+
+
+def preset_path(preset: str | Path) -> Path:
+    """A preset name -> configs/<name>.json; a path (with a suffix or a slash) is taken as is."""
+    text = str(preset)
+    path = Path(text) if text.endswith(".json") or "/" in text else PRESET_DIR / f"{text}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+        raise ValueError(f"DSpark config: preset {text!r} not found at {path}; known presets: {known}")
+    return path
+
+
+def read_preset(path: Path) -> dict[str, Any]:
+    """A preset file -> its knobs (meta keys such as "description" dropped)."""
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"DSpark config: preset {path} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"DSpark config: preset {path} must hold a JSON object of knobs")
+    return {k: v for k, v in doc.items() if k not in PRESET_META_KEYS}
+
+
+def _check_known(knobs: dict[str, Any], source: str) -> dict[str, Any]:
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ValueError(f"DSpark config: unknown knob {unknown[0]!r} in {source}; known knobs: {list(KNOBS)}")
+    return knobs
+
+
+def config_from_flags(flags: Mapping[str, Any]) -> DSparkConfig:
+    """Server-args style flags -> config: `--speculative-dspark-preset` picks the preset, the other
+    `--speculative-dspark-*` flags override its knobs."""
+    knobs = cli_overrides(flags)
+    return load_config(knobs.pop(PRESET_KNOB, None) or DEFAULT_PRESET, knobs)
+
+
+def cli_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Flags -> {knob: value}. Keys may be `speculative_dspark_max_window` or `--speculative-dspark-max-window`;
+    keys without the prefix are ignored, unset (None) flags dropped."""
+    out = {}
+    for key, value in flags.items():
+        name = key.lstrip("-").replace("-", "_")
+        if name.startswith(CLI_PREFIX) and value is not None:
+            out[name[len(CLI_PREFIX):]] = value
+    return out
+
+
+def cli_flag(knob: str) -> str:
+    """max_window -> --speculative-dspark-max-window (the seam declares one flag per knob, default None)."""
+    return "--" + (CLI_PREFIX + knob).replace("_", "-")

@@ -1,0 +1,65 @@
+"""Injected context K/V: per-draft-layer key/value rows derived from target features, and their padded batch.
+
+Rows are per token and independent of each other (RoPE already applied at the token's position), so serving can
+store them at the target's KV slot ids and reuse them on a radix-cache prefix hit. Owns only the records and
+pure row operations (concatenate, select, pad); must not compute projections.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ContextKV:
+    """Context rows for some tokens, every draft layer at once."""
+
+    keys: torch.Tensor  # [layers, T, kv_heads, head_dim], k_norm + RoPE applied
+    values: torch.Tensor  # [layers, T, kv_heads, head_dim]
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[1]
+
+    def select(self, rows: torch.Tensor) -> "ContextKV":
+        """rows [n] int64 (e.g. slot ids into a pool-shaped ContextKV) -> those rows, in that order."""
+        return ContextKV(self.keys[:, rows], self.values[:, rows])
+
+    @staticmethod
+    def cat(parts: list["ContextKV"]) -> "ContextKV":
+        return ContextKV(torch.cat([p.keys for p in parts], dim=1), torch.cat([p.values for p in parts], dim=1))
+
+
+@dataclass(frozen=True)
+class PaddedContext:
+    """Per-request contexts of different lengths, right-padded to the longest."""
+
+    keys: torch.Tensor  # [layers, B, S, kv_heads, head_dim]
+    values: torch.Tensor  # [layers, B, S, kv_heads, head_dim]
+    lengths: torch.Tensor  # [B] int64, valid rows per request
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys.shape[1]
+
+    def valid(self) -> torch.Tensor:
+        """[B, S] bool: True where a row holds real context."""
+        return torch.arange(self.keys.shape[2], device=self.lengths.device) < self.lengths[:, None]
+
+    def row(self, i: int) -> "PaddedContext":
+        """The one-request batch of request i, trimmed to its length."""
+        n = int(self.lengths[i])
+        return PaddedContext(self.keys[:, i:i + 1, :n], self.values[:, i:i + 1, :n], self.lengths[i:i + 1])
+
+
+def pad_contexts(contexts: list[ContextKV]) -> PaddedContext:
+    """One ContextKV per request -> PaddedContext (padding rows are zeros and masked out)."""
+    first = contexts[0].keys
+    longest = max(c.length for c in contexts)
+    shape = (first.shape[0], len(contexts), longest, *first.shape[2:])
+    keys, values = first.new_zeros(shape), first.new_zeros(shape)
+    for i, c in enumerate(contexts):
+        keys[:, i, :c.length] = c.keys
+        values[:, i, :c.length] = c.values
+    lengths = torch.tensor([c.length for c in contexts], dtype=torch.long, device=first.device)
+    return PaddedContext(keys, values, lengths)

@@ -1,0 +1,128 @@
+"""The DSpark drafter module: parallel backbone (KV injection) plus the sequential Markov and confidence heads.
+
+Owns the draft parameters (saved in checkpoints) and the two forward halves: target features -> cacheable context
+K/V rows, and one block pass (anchor + mask tokens) -> hidden states h_1..h_gamma. The target's embedding and LM head
+are borrowed (TargetWeights), never owned or saved. Must not sample, schedule, or import SGLang.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sgl_dspark.drafter.config import DrafterConfig
+from sgl_dspark.drafter.context import ContextKV, PaddedContext
+from sgl_dspark.drafter.heads import ConfidenceHead, MarkovHead, build_markov_head
+from sgl_dspark.drafter.layers import DecoderLayer, RMSNorm, Rotary
+
+
+@dataclass(frozen=True)
+class TargetWeights:
+    """The target's frozen token embedding and LM head (may be the same tensor when tied)."""
+
+    embed: torch.Tensor  # [V, H]
+    lm_head: torch.Tensor  # [V, H]
+
+
+def check_draft_vocab(target_ids: torch.Tensor, vocab_size: int) -> None:
+    """Refuse a draft-to-target map with ids outside [0, vocab_size) or repeated ids."""
+    if target_ids.numel() and not 0 <= int(target_ids.min()) <= int(target_ids.max()) < vocab_size:
+        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size})")
+    if torch.unique(target_ids).numel() != target_ids.numel():
+        raise ValueError("d2t maps two draft ids to the same target id")
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, config: DrafterConfig, target: TargetWeights | None = None) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.fc = nn.Linear(config.num_features * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+        self.markov_head: MarkovHead = build_markov_head(config)
+        self.confidence_head = ConfidenceHead(config) if config.enable_confidence_head else None
+        if config.reduced_vocab:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self._target: TargetWeights | None = None
+        self._lm_rows: torch.Tensor | None = None  # [D, H] LM-head rows of the draft vocabulary
+        if target is not None:
+            self.attach_target(target)
+
+    # ---- target sharing and the draft vocabulary -------------------------------------------------------------
+
+    def attach_target(self, target: TargetWeights) -> None:
+        """Borrow the target's embedding and LM head; call again after loading a new `d2t`."""
+        want = (self.config.vocab_size, self.config.hidden_size)
+        for name, w in (("embed", target.embed), ("lm_head", target.lm_head)):
+            if tuple(w.shape) != want:
+                raise ValueError(f"target {name} has shape {tuple(w.shape)}, drafter expects {want}")
+        self._target = target
+        ids = self.draft_to_target
+        self._lm_rows = target.lm_head.detach() if ids is None else target.lm_head.detach()[ids.to(target.lm_head.device)]
+
+    @property
+    def target(self) -> TargetWeights:
+        if self._target is None:
+            raise RuntimeError("DSparkDrafter: attach_target() was not called")
+        return self._target
+
+    @property
+    def draft_to_target(self) -> torch.Tensor | None:
+        """[D] int64 target id of each draft-vocabulary id, or None for the full vocabulary."""
+        if not self.config.reduced_vocab:
+            return None
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """target_ids [D] unique target ids -> store as `d2t` offsets and refresh the restricted LM head."""
+        check_draft_vocab(target_ids, self.config.vocab_size)
+        self.d2t.copy_(target_ids.long() - torch.arange(target_ids.shape[0]))
+        if self._target is not None:
+            self.attach_target(self._target)
+
+    # ---- parallel backbone -----------------------------------------------------------------------------------
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
+        """features [T, n_target_layers * H] (target layer outputs, in target_layer_ids order), positions [T]
+        -> per-draft-layer context K/V rows. Rows of different tokens are independent (cache them freely)."""
+        dtype = self.fc.weight.dtype
+        ctx = self.hidden_norm(self.fc(features.to(dtype)))  # [T, H]
+        pairs = [layer.self_attn.keys_values(ctx, positions, self.rotary) for layer in self.layers]
+        return ContextKV(torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs]))
+
+    def block_ids(self, anchors: torch.Tensor) -> torch.Tensor:
+        """anchors [B] -> block input ids [B, query_len]: the anchor, then mask tokens."""
+        ids = anchors.new_full((anchors.shape[0], self.config.query_len), self.config.mask_token_id)
+        ids[:, 0] = anchors
+        return ids
+
+    def block_hidden(self, context: PaddedContext, anchors: torch.Tensor,
+                     anchor_positions: torch.Tensor) -> torch.Tensor:
+        """One parallel pass. context: per-request K/V; anchors [B]; anchor_positions [B] (the anchor's own
+        position, one past the last context token) -> final-normed hidden h_1..h_gamma [B, gamma, H]."""
+        ids = self.block_ids(anchors.long())
+        x = F.embedding(ids, self.target.embed).to(self.fc.weight.dtype)  # [B, q, H]
+        positions = anchor_positions.long()[:, None] + torch.arange(ids.shape[1], device=ids.device)
+        valid = context.valid()
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, self.rotary, context.keys[i], context.values[i], valid)
+        x = self.norm(x)
+        return x if self.config.sample_from_anchor else x[:, 1:]
+
+    # ---- per-step projections --------------------------------------------------------------------------------
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> U [N, D] over the draft vocabulary (the full vocabulary unless reduced)."""
+        if self._lm_rows is None:
+            raise RuntimeError("DSparkDrafter: attach_target() was not called")
+        return hidden.to(self._lm_rows.dtype) @ self._lm_rows.T
+
+    def confidence_logit(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
+        """hidden [N, H], prev_tokens [N] (x_{k-1}) -> raw confidence logit [N], or None without a head."""
+        if self.confidence_head is None:
+            return None
+        return self.confidence_head(hidden, self.markov_head.prev_embed(prev_tokens))

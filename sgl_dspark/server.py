@@ -1,0 +1,174 @@
+"""Launch and stop the real SGLang HTTP server on this machine (CPU flags from the facts file, or a GPU).
+
+Used by the demo, the integration tests and the benchmarks. Owns process lifetime: a server started here
+is always stopped here (whole process group), and its port is free again afterwards.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+HOST = "127.0.0.1"
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+class ServerError(RuntimeError):
+    """A one-line, user-facing reason why the server could not be started."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    model_path: str
+    port: int = 30000
+    dtype: str = "float32"
+    max_total_tokens: int = 8192
+    max_running_requests: int = 4
+    speculative_args: tuple[str, ...] = ()  # e.g. ("--speculative-algorithm", "NGRAM")
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", self.model_path, "--host", HOST, "--port", str(self.port),
+            "--dtype", self.dtype, "--max-total-tokens", str(self.max_total_tokens),
+            "--max-running-requests", str(self.max_running_requests),
+            *device_args(), *self.speculative_args, *self.extra_args,
+        ]  # fmt: skip
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_args() -> tuple[str, ...]:
+    if has_cuda():
+        return ()
+    return ("--device", "cpu", "--sleep-on-idle", "--skip-server-warmup")
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    spec: ServerSpec
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _last_error_line(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line[-400:]
+    return lines[-1][-400:] if lines else "no output"
+
+
+def _wait_healthy(server: RunningServer) -> None:
+    deadline = time.monotonic() + server.spec.startup_timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise ServerError(f"SGLang server exited with code {server.process.returncode} during start-up: "
+                              f"{_last_error_line(server.log_text())} (log: {server.log_path})")
+        try:
+            if requests.get(f"{server.base_url}/health_generate", timeout=30).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    raise ServerError(f"SGLang server not healthy after {server.spec.startup_timeout_s:.0f}s (log: {server.log_path})")
+
+
+def stop(server: RunningServer, grace_s: float = 20.0) -> None:
+    """SIGTERM the whole process group, SIGKILL what is left after `grace_s`, then wait for the port."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(server.process.pid, sig)
+        except ProcessLookupError:
+            break
+        if _group_gone(server.process, wait_s):
+            break
+    deadline = time.monotonic() + 15.0
+    while port_in_use(server.spec.port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _group_gone(process: subprocess.Popen, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    process_exited = False
+    while time.monotonic() < deadline:
+        if not process_exited and process.poll() is not None:
+            process_exited = True
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
+    if port_in_use(spec.port):
+        raise ServerError(f"port {spec.port} on {HOST} is in use: stop what holds it or pick another port")
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="sgl-dspark-server-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"server-{spec.port}.log"
+    env = {**os.environ, **({} if has_cuda() else CPU_ENV), **spec.env}
+    with log_path.open("w") as log:
+        process = subprocess.Popen(spec.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    server = RunningServer(spec, process, log_path)
+    try:
+        _wait_healthy(server)
+    except BaseException:
+        stop(server)
+        raise
+    return server
+
+
+@contextmanager
+def serving(spec: ServerSpec, log_dir: Path | None = None) -> Iterator[RunningServer]:
+    """Start the server, yield it once healthy, always stop it."""
+    server = start(spec, log_dir)
+    try:
+        yield server
+    finally:
+        stop(server)

@@ -1,0 +1,177 @@
+"""Lossless verification: which draft tokens of a block the target accepts, and the bonus token it adds.
+
+Owns the acceptance rule (greedy match; chain and multi-candidate tree speculative sampling), the
+VerifyResult record, and which tree nodes' KV to keep. Pure torch on the target's logits for the block;
+must not run the target, touch the KV cache or import SGLang.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sgl_dspark.sampling import SamplingParams, target_probs
+from sgl_dspark.tree import DraftTree
+
+# Residual mass below this means p == q up to float noise: rejection had probability 0 in exact arithmetic.
+RESIDUAL_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """One request's verify outcome. The accepted path runs root -> last_node; the bonus follows it."""
+
+    accepted_nodes: torch.Tensor  # [tau - 1] int64: node indices along the accepted path, root excluded
+    accepted_tokens: torch.Tensor  # [tau - 1] int64: their tokens
+    bonus_token: int  # sampled by the target after last_node
+    last_node: int  # last accepted node (0, the root, when no draft token was accepted)
+
+    @property
+    def tau(self) -> int:
+        """Accepted length, counting the bonus token (>= 1)."""
+        return self.accepted_tokens.shape[0] + 1
+
+    @property
+    def emitted_tokens(self) -> torch.Tensor:
+        """[tau] int64: the tokens this step commits, accepted drafts then the bonus."""
+        return torch.cat([self.accepted_tokens, torch.tensor([self.bonus_token])])
+
+
+@dataclass(frozen=True)
+class VerifyInput:
+    """One request's per-step input to `verify_batch`."""
+
+    tree: DraftTree
+    target_logits: torch.Tensor  # [n, V]: row i is the target's next-token logits after node i
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class KvSplit:
+    """Which block nodes' KV (and hidden states) survive the step."""
+
+    keep: torch.Tensor  # [tau] int64: root then accepted nodes, in path (= ascending) order
+    free: torch.Tensor  # [n - tau] int64: every other node, ascending
+
+
+# A step at one node: (node, its children) -> (accepted child, None) or (None, bonus token).
+Step = Callable[[int, list[int]], tuple[int | None, int | None]]
+
+
+def verify(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams,
+           generator: torch.Generator | None = None) -> VerifyResult:
+    """tree with n nodes, target_logits [n, V] -> VerifyResult. Greedy params take the argmax path."""
+    _check_logits(tree, target_logits)
+    if params.is_greedy:
+        return verify_greedy(tree, target_logits)
+    return verify_sampling(tree, target_probs(target_logits, params), generator)
+
+
+def verify_batch(inputs: Sequence[VerifyInput], generator: torch.Generator | None = None) -> list[VerifyResult]:
+    """Verify every request of a step, in order, drawing from one generator."""
+    return [verify(x.tree, x.target_logits, x.params, generator) for x in inputs]
+
+
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
+    """Accept the first child whose token is the target argmax at its parent; bonus = argmax at the last node."""
+    best = target_logits.argmax(-1).tolist()  # [n]
+    tokens = tree.tokens.tolist()
+
+    def step(node: int, kids: list[int]) -> tuple[int | None, int | None]:
+        match = next((c for c in kids if tokens[c] == best[node]), None)
+        return (match, None) if match is not None else (None, best[node])
+
+    return _walk(tree, step)
+
+
+def verify_sampling(tree: DraftTree, probs: torch.Tensor,
+                    generator: torch.Generator | None = None) -> VerifyResult:
+    """tree, probs [n, V] (target distributions after each node) -> VerifyResult, distributed as the target.
+
+    Multi-candidate speculative sampling: at each node the children are tried in index order, child c
+    accepted with min(1, p(c) / q_c(c)), and after a rejection p <- normalize(max(0, p - q_c)). Exact as
+    long as each child's draft_probs row is the distribution its token was drawn from given the earlier
+    siblings (one-hot for a deterministic candidate; i.i.d. or without-replacement sampling both qualify).
+    """
+    if tree.draft_probs is None:
+        raise ValueError("verify_sampling: the tree has no draft_probs (only greedy verification is possible)")
+    if tree.draft_probs.shape != probs.shape:
+        raise ValueError(f"verify_sampling: draft_probs {tuple(tree.draft_probs.shape)} "
+                         f"vs target probs {tuple(probs.shape)}")
+    tokens = tree.tokens.tolist()
+
+    def step(node: int, kids: list[int]) -> tuple[int | None, int | None]:
+        return _try_children(probs[node].double(), kids, tokens, tree.draft_probs, generator)
+
+    return _walk(tree, step)
+
+
+def kv_split(result: VerifyResult, tree_size: int) -> KvSplit:
+    """Keep the root and the accepted path; free the rest. The bonus has no KV yet (it is the next anchor)."""
+    keep = torch.cat([torch.tensor([0]), result.accepted_nodes])
+    is_free = torch.ones(tree_size, dtype=torch.bool)
+    is_free[keep] = False
+    return KvSplit(keep=keep, free=is_free.nonzero().flatten())
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """p, q [V] -> normalize(max(0, p - q)); p itself when that has (numerically) no mass."""
+    r = (p - q).clamp_min(0.0)
+    mass = r.sum()
+    return p if mass <= RESIDUAL_EPS else r / mass
+
+
+def children(parents: torch.Tensor) -> list[list[int]]:
+    """parents [n] -> each node's children in index order. Example: [-1, 0, 0, 1] -> [[1, 2], [3], [], []]."""
+    kids: list[list[int]] = [[] for _ in range(parents.shape[0])]
+    for i, parent in enumerate(parents.tolist()[1:], start=1):
+        kids[parent].append(i)
+    return kids
+
+
+def _walk(tree: DraftTree, step: Step) -> VerifyResult:
+    """Follow accepted children from the root until a step returns the bonus token."""
+    kids = children(tree.parents)
+    path, node = [], 0
+    while True:
+        child, bonus = step(node, kids[node])
+        if child is None:
+            return _result(tree, path, bonus)
+        path.append(child)
+        node = child
+
+
+def _try_children(p: torch.Tensor, kids: list[int], tokens: list[int], draft_probs: torch.Tensor,
+                  generator: torch.Generator | None) -> tuple[int | None, int | None]:
+    """p [V] float64 at one node -> (accepted child, None), or (None, bonus drawn from the final residual)."""
+    for c in kids:
+        q = draft_probs[c].double()
+        x = tokens[c]
+        if q[x] <= 0:
+            raise ValueError(f"verify_sampling: node {c} has token {x} with draft probability 0")
+        if _accepts(p[x], q[x], generator):
+            return c, None
+        p = residual(p, q)
+    return None, _sample(p, generator)
+
+
+def _accepts(p_x: torch.Tensor, q_x: torch.Tensor, generator: torch.Generator | None) -> bool:
+    """True with probability min(1, p_x / q_x); never when p_x == 0."""
+    u = torch.rand((), generator=generator, device=p_x.device, dtype=p_x.dtype)
+    return bool(u * q_x < p_x)
+
+
+def _sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from p [V]."""
+    return int(torch.multinomial(p, 1, generator=generator))
+
+
+def _result(tree: DraftTree, path: list[int], bonus: int) -> VerifyResult:
+    nodes = torch.tensor(path, dtype=torch.long)
+    return VerifyResult(accepted_nodes=nodes, accepted_tokens=tree.tokens[nodes].long(),
+                        bonus_token=int(bonus), last_node=path[-1] if path else 0)
+
+
+def _check_logits(tree: DraftTree, target_logits: torch.Tensor) -> None:
+    if target_logits.dim() != 2 or target_logits.shape[0] != tree.size:
+        raise ValueError(f"verify: target_logits must be [n={tree.size}, V], got {tuple(target_logits.shape)}")
