@@ -23,12 +23,12 @@ PRESET_KNOB = "preset"  # --speculative-dspark-preset chooses the preset rather 
 
 @dataclass(frozen=True)
 class DSparkConfig:
-    max_window: int  # gamma cap: most draft positions one block may hold
-    min_window: int  # fewest draft positions, even when survival falls below survival_threshold
-    survival_threshold: float  # drafting stops past a node whose survival is below this
-    branch_threshold: float  # tree drafting: a node gets sibling candidates while its confidence is below this
-    tree_width: int  # most candidates per tree node (1 = chain)
-    max_tree_nodes: int  # most draft nodes per tree (anchor excluded)
+    max_window: int | None  # gamma cap: most draft positions on the main chain (None: the drafter's gamma)
+    min_window: int  # draft positions always drafted, whatever the survival
+    survival_threshold: float  # a branch stops once its survival falls below this (0: never)
+    branch_threshold: float  # tree drafting: branch where a node's confidence is below this
+    tree_width: int  # most candidates per tree position (1 = chain)
+    max_tree_nodes: int | None  # most draft nodes per request, anchor excluded (None: max_window * tree_width)
     scheduler: str  # verify-budget mode, one of SCHEDULER_MODES
     min_verify: int  # draft nodes every request verifies whatever the scheduler says (if drafted)
     max_verify: int | None  # most draft nodes one request verifies (None: no cap)
@@ -47,8 +47,10 @@ class DSparkConfig:
             ok, allowed = RULES[field.name]
             if not ok(getattr(self, field.name)):
                 raise invalid(field.name, value, allowed)
-        if self.min_window > self.max_window:
-            raise invalid("min_window", self.min_window, f"an integer in [1, max_window={self.max_window}]")
+        if self.max_window is not None and self.min_window > self.max_window:
+            raise invalid("min_window", self.min_window, f"an integer in [0, max_window={self.max_window}]")
+        if None not in (self.max_window, self.max_tree_nodes) and self.max_tree_nodes < self.max_window:
+            raise invalid("max_tree_nodes", self.max_tree_nodes, f"null or an integer >= max_window={self.max_window}")
         if self.max_verify is not None and self.min_verify > self.max_verify:
             raise invalid("min_verify", self.min_verify, f"an integer in [0, max_verify={self.max_verify}]")
 
@@ -57,18 +59,16 @@ class DSparkConfig:
         return self.tree_width == 1
 
     @property
-    def max_draft_nodes(self) -> int:
-        """Most draft nodes one request can hold: the window for a chain, the node cap for a tree."""
-        return self.max_window if self.is_chain else self.max_tree_nodes
-
-    @property
-    def verify_cap(self) -> int:
-        """Most draft nodes one request can verify."""
-        return self.max_draft_nodes if self.max_verify is None else min(self.max_verify, self.max_draft_nodes)
-
-    @property
     def latency_target_s(self) -> float | None:
         return None if self.latency_target_ms is None else self.latency_target_ms / 1000.0
+
+    def draft_knobs(self, temperatures: tuple[float, ...] = ()):
+        """The drafter's share of the knobs (sgl_dspark.drafter.knobs.DraftKnobs), with the STS temperatures
+        loaded from `calibration`; imported here so the config stays importable without the drafter."""
+        from sgl_dspark.drafter.knobs import DraftKnobs
+
+        return DraftKnobs(self.max_window, self.min_window, self.survival_threshold, self.tree_width,
+                          self.branch_threshold, self.max_tree_nodes, tuple(temperatures))
 
 
 def invalid(name: str, value: Any, allowed: str) -> ValueError:
@@ -98,12 +98,12 @@ def _is_path(v: Any) -> bool:
 _FLOAT_KNOBS = ("survival_threshold", "branch_threshold", "latency_target_ms", "cost_refit_alpha")
 
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "max_window": (_int_at_least(1), "an integer >= 1"),
-    "min_window": (_int_at_least(1), "an integer >= 1"),
-    "survival_threshold": (_number_in(0, 1, hi_open=True), "a number in [0, 1)"),
+    "max_window": (_optional(_int_at_least(1)), "null or an integer >= 1"),
+    "min_window": (_int_at_least(0), "an integer >= 0"),
+    "survival_threshold": (_number_in(0, 1), "a number in [0, 1]"),
     "branch_threshold": (_number_in(0, 1), "a number in [0, 1]"),
     "tree_width": (_int_at_least(1), "an integer >= 1 (1 = chain)"),
-    "max_tree_nodes": (_int_at_least(1), "an integer >= 1"),
+    "max_tree_nodes": (_optional(_int_at_least(1)), "null or an integer >= 1"),
     "scheduler": (lambda v: v in SCHEDULER_MODES, " | ".join(SCHEDULER_MODES)),
     "min_verify": (_int_at_least(0), "an integer >= 0"),
     "max_verify": (_optional(_int_at_least(1)), "null or an integer >= 1"),

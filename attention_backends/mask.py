@@ -1,0 +1,71 @@
+"""Verification masks: which keys each verify row may see, as one dense bool matrix per request.
+
+Owns the translation from SGLang's flattened `spec_info.custom_mask` layouts to dense masks and back to the
+flat layout FlashInfer consumes. Pure functions of tensors and ints: no SGLang imports, no globals.
+
+Row i of a request's mask is verify row (draft node) i; its columns are the request's keys in cache order:
+the cached prefix (`prefix_len` slots of `req_to_token`), then the `n_draft` verify rows themselves.
+"""
+
+from collections.abc import Sequence
+from enum import Enum
+
+import torch
+
+
+class MaskLayout(Enum):
+    """How SGLang flattens the verify tree mask of a batch (`TreeMaskMode` in sglang.kernels.ops.speculative).
+
+    DRAFT_ONLY (QLEN_ONLY, SGLang's choice on CPU): per request an [n, n] block, row-major, requests back to
+        back: element (b, i, j) at b*n*n + i*n + j. The prefix is implicitly visible.
+    FULL (FULL_MASK, SGLang's choice on GPUs): per request an [n, prefix_b + n] block, row-major, requests
+        back to back: request b starts at n*sum(prefix_<b) + b*n*n. This is FlashInfer's custom-mask layout.
+    In both, True means "may attend"; the draft part is ancestor-or-self (a chain is lower-triangular).
+    A buffer may be longer than the batch needs (CUDA-graph padding); the tail is ignored.
+    """
+
+    DRAFT_ONLY = "draft_only"
+    FULL = "full"
+
+
+def chain_mask(n: int) -> torch.Tensor:
+    """n -> bool [n, n], lower-triangular: draft i sees drafts 0..i."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def with_prefix(draft_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """draft_mask [n, n] -> [n, prefix_len + n]: every verify row also sees the whole cached prefix."""
+    n = draft_mask.shape[0]
+    prefix = torch.ones(n, prefix_len, dtype=torch.bool, device=draft_mask.device)
+    return torch.cat([prefix, draft_mask.to(torch.bool)], dim=1)
+
+
+def layout_numel(layout: MaskLayout, prefix_lens: Sequence[int], n_draft: int) -> int:
+    """Elements of `custom_mask` that a batch with these prefix lengths reads."""
+    if layout is MaskLayout.DRAFT_ONLY:
+        return len(prefix_lens) * n_draft * n_draft
+    return n_draft * sum(prefix_lens) + len(prefix_lens) * n_draft * n_draft
+
+
+def dense_verify_masks(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int,
+                       layout: MaskLayout) -> list[torch.Tensor]:
+    """custom_mask [>= layout_numel] -> one bool [n_draft, prefix_lens[b] + n_draft] per request."""
+    need = layout_numel(layout, prefix_lens, n_draft)
+    flat = custom_mask.reshape(-1)
+    if flat.numel() < need:
+        raise ValueError(f"custom_mask has {flat.numel()} elements; layout {layout.value} with prefix lengths "
+                         f"{list(prefix_lens)} and {n_draft} draft tokens needs {need}")
+    masks, start = [], 0
+    for prefix_len in prefix_lens:
+        width = n_draft if layout is MaskLayout.DRAFT_ONLY else prefix_len + n_draft
+        block = flat[start:start + n_draft * width].view(n_draft, width).to(torch.bool)
+        masks.append(with_prefix(block, prefix_len) if layout is MaskLayout.DRAFT_ONLY else block)
+        start += n_draft * width
+    return masks
+
+
+def flatten_masks(masks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-request bool [q_len_b, kv_len_b] -> flat bool [sum(q_len_b * kv_len_b)] (the FULL layout)."""
+    if not masks:
+        return torch.zeros(0, dtype=torch.bool)
+    return torch.cat([m.reshape(-1).to(torch.bool) for m in masks])

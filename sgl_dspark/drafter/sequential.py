@@ -1,0 +1,223 @@
+"""The sequential stage: grow each request's draft tree depth by depth from the shared parallel-pass hidden states.
+
+Per depth k: confidence of every open branch (cheap, needs only h_k and x_{k-1}) -> admit branches by survival,
+min/max window and node budget -> LM-head rows only for requests with an admitted branch -> Markov bias -> sample
+-> optional deterministic alternatives at low-confidence nodes. Nodes are appended in topological order.
+Must not run the backbone or touch SGLang.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_dspark.calibration import calibrate_confidence
+from sgl_dspark.drafter.knobs import DraftKnobs
+from sgl_dspark.drafter.model import DSparkDrafter
+from sgl_dspark.drafter.sampler import alternatives, sample_rows
+from sgl_dspark.sampling import SamplingParams
+from sgl_dspark.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Open branches: each row will receive one child at the current depth."""
+
+    req: torch.Tensor  # [F] int64 request index
+    parent: torch.Tensor  # [F] int64 parent node index in that request's tree
+    prev: torch.Tensor  # [F] int64 parent's token (target id), x_{k-1}
+    survival: torch.Tensor  # [F] float32 survival of the parent
+    main: torch.Tensor  # [F] bool: on the request's main (first-child) chain
+    state: torch.Tensor | None  # [F, r] recurrent state of the RNN head, else None
+
+    @property
+    def size(self) -> int:
+        return self.req.shape[0]
+
+    def to(self, device: torch.device) -> "Frontier":
+        state = None if self.state is None else self.state.to(device)
+        return Frontier(self.req.to(device), self.parent.to(device), self.prev.to(device),
+                        self.survival.to(device), self.main.to(device), state)
+
+    def take(self, rows: torch.Tensor) -> "Frontier":
+        state = None if self.state is None else self.state[rows]
+        return Frontier(self.req[rows], self.parent[rows], self.prev[rows], self.survival[rows], self.main[rows], state)
+
+
+class TreeBuilder:
+    """Accumulates one request's nodes; node 0 is the anchor."""
+
+    def __init__(self, anchor: int, keep_probs: bool) -> None:
+        self.tokens, self.parents, self.conf = [anchor], [-1], [1.0]
+        self.probs: list[torch.Tensor | None] | None = [None] if keep_probs else None
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int, conf: float, probs: torch.Tensor | None) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.conf.append(conf)
+        if self.probs is not None:
+            self.probs.append(probs)
+        return len(self.tokens) - 1
+
+    def build(self, vocab_size: int) -> DraftTree:
+        probs = None
+        if self.probs is not None:
+            zero = torch.zeros(vocab_size)
+            probs = torch.stack([zero if p is None else p.float().cpu() for p in self.probs])
+        return DraftTree(torch.tensor(self.tokens), torch.tensor(self.parents),
+                         torch.tensor(self.conf, dtype=torch.float32), probs)
+
+
+@dataclass
+class _Budget:
+    """Per-request node budget; the main chain's remaining depths are reserved against side branches."""
+
+    knobs: DraftKnobs
+    used: list[int]
+    main_alive: list[bool]
+
+    def admit(self, req: int, main: bool, depth: int, survival: float) -> bool:
+        k = self.knobs
+        if not ((main and depth <= k.min_window) or survival >= k.survival_threshold):
+            return False
+        reserve = 0 if main or not self.main_alive[req] else k.max_window - depth
+        if self.used[req] + 1 + reserve > k.max_nodes:
+            return False
+        self.used[req] += 1
+        return True
+
+
+def confidence(drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor, temperature: float) -> torch.Tensor:
+    """hidden [F, H], prev [F] -> calibrated c [F] (all ones without a confidence head)."""
+    raw = drafter.confidence_logit(hidden, prev)
+    if raw is None:
+        return torch.ones(hidden.shape[0], device=hidden.device)
+    c = torch.sigmoid(raw)
+    return c if temperature == 1.0 else calibrate_confidence(c[:, None], torch.tensor([temperature]))[:, 0]
+
+
+def step_logits(drafter: DSparkDrafter, hidden_k: torch.Tensor,
+                frontier: Frontier) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """hidden_k [B, H] -> (U_k + B(x_{k-1}) [F, D], next RNN state, LM-head rows projected).
+    U_k is projected once per request with an open branch, shared by all its branches."""
+    uniq, inv = torch.unique(frontier.req, return_inverse=True)
+    base = drafter.base_logits(hidden_k[uniq])
+    bias, state = drafter.markov_head.step(frontier.prev, hidden_k[frontier.req], frontier.state)
+    return base.float()[inv] + bias.float(), state, uniq.numel()
+
+
+def admit(frontier: Frontier, conf: torch.Tensor, depth: int, budget: _Budget) -> torch.Tensor:
+    """-> indices [F'] of the rows that draft a child at this depth (frontier is main-first per request)."""
+    survival = (frontier.survival * conf).tolist()
+    keep = []
+    for i, (r, m) in enumerate(zip(frontier.req.tolist(), frontier.main.tolist())):
+        ok = budget.admit(r, m, depth, survival[i])
+        if m:
+            budget.main_alive[r] = ok
+        if ok:
+            keep.append(i)
+    return torch.tensor(keep, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class _Child:
+    """A node just added; it opens a branch at the next depth."""
+
+    req: int
+    main: bool
+    node: int
+    token: int
+    survival: float
+    src: int  # frontier row it grew from (whose RNN state it inherits)
+
+
+class _Grower:
+    """Appends one depth's nodes to the trees and collects the next frontier."""
+
+    def __init__(self, drafter: DSparkDrafter, builders: list[TreeBuilder], sampling: list[SamplingParams],
+                 budget: _Budget, depth: int) -> None:
+        self.drafter, self.builders, self.sampling, self.budget, self.depth = drafter, builders, sampling, budget, depth
+        self.rows: list[_Child] = []
+
+    def children(self, frontier: Frontier, conf: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> None:
+        surv, c, toks = (frontier.survival * conf).tolist(), conf.tolist(), tokens.tolist()
+        for i, (r, parent, m) in enumerate(zip(frontier.req.tolist(), frontier.parent.tolist(), frontier.main.tolist())):
+            row = None if self.builders[r].probs is None else probs[i]
+            node = self.builders[r].add(toks[i], parent, c[i], row)
+            self.rows.append(_Child(r, m, node, toks[i], surv[i], i))
+
+    def siblings(self, frontier: Frontier, conf: torch.Tensor, logits: torch.Tensor, picked: torch.Tensor,
+                 width: int, threshold: float) -> None:
+        to_target = self.drafter.draft_to_target
+        for i in (conf < threshold).nonzero().flatten().tolist():
+            r, parent = int(frontier.req[i]), int(frontier.parent[i])
+            ids, shares = alternatives(logits[i], int(picked[i]), width - 1, self.sampling[r])
+            for d, share in zip(ids.tolist(), shares.tolist()):
+                c = (1.0 - float(conf[i])) * share
+                surv = float(frontier.survival[i]) * c
+                if not self.budget.admit(r, False, self.depth, surv):
+                    break
+                token = d if to_target is None else int(to_target[d])
+                row = None if self.builders[r].probs is None else _one_hot(token, self.drafter.config.vocab_size)
+                node = self.builders[r].add(token, parent, c, row)
+                self.rows.append(_Child(r, False, node, token, surv, i))
+
+    def next_frontier(self, state: torch.Tensor | None) -> Frontier:
+        rows = sorted(self.rows, key=lambda c: (c.req, not c.main))  # stable: per request, main chain first
+
+        def col(field: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([getattr(c, field) for c in rows], dtype=dtype)
+
+        src = col("src", torch.long)
+        return Frontier(col("req", torch.long), col("node", torch.long), col("token", torch.long),
+                        col("survival", torch.float32), col("main", torch.bool), None if state is None else state[src])
+
+
+def _one_hot(token: int, vocab_size: int) -> torch.Tensor:
+    row = torch.zeros(vocab_size)
+    row[token] = 1.0
+    return row
+
+
+def _full_vocab(drafter: DSparkDrafter, probs: torch.Tensor) -> torch.Tensor:
+    """probs [F, D] over the draft vocabulary -> [F, V]; ids outside the map get exactly 0."""
+    ids = drafter.draft_to_target
+    if ids is None:
+        return probs
+    full = probs.new_zeros(probs.shape[0], drafter.config.vocab_size)
+    return full.index_copy_(1, ids.to(probs.device), probs)
+
+
+def grow_trees(drafter: DSparkDrafter, hidden: torch.Tensor, anchors: torch.Tensor, sampling: list[SamplingParams],
+               knobs: DraftKnobs, generator: torch.Generator | None = None) -> tuple[list[DraftTree], int]:
+    """hidden [B, gamma, H] from one parallel pass, anchors [B], resolved knobs -> (one DraftTree per request,
+    LM-head rows projected)."""
+    b = hidden.shape[0]
+    builders = [TreeBuilder(int(a), keep_probs=not p.is_greedy) for a, p in zip(anchors.tolist(), sampling)]
+    budget = _Budget(knobs, [0] * b, [True] * b)
+    frontier = Frontier(torch.arange(b), torch.zeros(b, dtype=torch.long), anchors.long().cpu(), torch.ones(b),
+                        torch.ones(b, dtype=torch.bool), drafter.markov_head.init_state(b, hidden[:, 0])).to(hidden.device)
+    lm_rows = 0
+    for depth in range(1, knobs.max_window + 1):
+        if frontier.size == 0:
+            break
+        h_k = hidden[:, depth - 1]
+        conf = confidence(drafter, h_k[frontier.req], frontier.prev, knobs.temperature(depth))
+        keep = admit(frontier, conf, depth, budget)
+        frontier, conf = frontier.take(keep), conf[keep]
+        if frontier.size == 0:
+            break
+        logits, state, rows = step_logits(drafter, h_k, frontier)
+        lm_rows += rows
+        picked = sample_rows(logits, [sampling[r] for r in frontier.req.tolist()], generator)
+        to_target = drafter.draft_to_target
+        tokens = picked.tokens if to_target is None else to_target[picked.tokens]
+        grower = _Grower(drafter, builders, sampling, budget, depth)
+        grower.children(frontier, conf, tokens, _full_vocab(drafter, picked.probs))
+        if knobs.tree_width > 1:
+            grower.siblings(frontier, conf, logits, picked.tokens, knobs.tree_width, knobs.branch_threshold)
+        frontier = grower.next_frontier(state).to(hidden.device)
+    return [bld.build(drafter.config.vocab_size) for bld in builders], lm_rows
