@@ -15,7 +15,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
-    scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))
+    scores = scores.masked_fill(~mask.to(device=scores.device, dtype=torch.bool), float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
 
 

@@ -27,3 +27,4 @@ def process_role() -> str:
 def load() -> None:
     print(f"{ANNOUNCE}: version={sgl_dspark.__version__} process={process_role()} pid={os.getpid()}",
           file=sys.stderr, flush=True)
+    from scheduler_patch.backends import register_attention_backends; register_attention_backends()  # noqa: E702

@@ -34,7 +34,8 @@ def random_drafter(hf_config: dict[str, Any], seed: int = 0,
                    dtype: torch.dtype = torch.float32) -> tuple[DSparkDrafter, TargetSpec]:
     """A seeded drafter with its target attached; norms get non-trivial weights so every parameter matters."""
     config = parse_drafter_config(hf_config)
-    spec = TargetSpec(config.hidden_size, config.vocab_size, config.num_target_layers or max(config.target_layer_ids) + 1)
+    layers = config.num_target_layers or max(config.target_layer_ids) + 1
+    spec = TargetSpec(config.hidden_size, config.vocab_size, layers)
     torch.manual_seed(seed)
     drafter = DSparkDrafter(config).to(dtype)
     with torch.no_grad():
@@ -47,3 +48,30 @@ def random_drafter(hf_config: dict[str, Any], seed: int = 0,
         drafter.set_draft_vocab(ids)
     drafter.attach_target(random_target(spec, seed, dtype))
     return drafter.eval().requires_grad_(False), spec
+
+
+def hf_config_for_target(target: dict[str, Any], num_layers: int = 2, gamma: int = 7,
+                         layer_ids: tuple[int, ...] | None = None, markov_rank: int = 64) -> dict[str, Any]:
+    """A drafter config.json dict shaped for a Llama/Qwen-style target's config dict (same width and heads)."""
+    n = int(target["num_hidden_layers"])
+    ids = list(layer_ids or sorted({1, n // 4, n // 2, 3 * n // 4, n - 2}))
+    heads = int(target["num_attention_heads"])
+    return tiny_hf_config(
+        hidden_size=target["hidden_size"], intermediate_size=target["intermediate_size"],
+        num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=target["num_key_value_heads"],
+        head_dim=target.get("head_dim") or target["hidden_size"] // heads, vocab_size=target["vocab_size"],
+        rms_norm_eps=target.get("rms_norm_eps", 1e-6), block_size=gamma, target_layer_ids=ids, num_target_layers=n,
+        mask_token_id=int(target["vocab_size"]) - 1, markov_rank=markov_rank)
+
+
+def save_random_drafter_for(target_dir: str, out_dir: str, seed: int = 0, **shape: Any) -> str:
+    """Write a seeded random drafter checkpoint that fits the HF model folder `target_dir`; returns out_dir."""
+    import json
+    from pathlib import Path
+
+    from sgl_dspark.drafter.checkpoint import save_drafter
+
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    drafter, _ = random_drafter(hf_config_for_target(target, **shape), seed)
+    save_drafter(drafter, out_dir)
+    return out_dir

@@ -49,7 +49,7 @@ class GatedMarkovHead(MarkovHead):
 
 
 class RNNHead(MarkovHead):
-    """z = [s_{k-1} ; W1[x_{k-1}] ; h_k]; s_k = g*s_{k-1} + (1-g)*tanh(c); bias = W2(tanh(o)); (g, c, o) = joint_proj(z)."""
+    """(g, c, o) = joint_proj([s_{k-1} ; W1[x_{k-1}] ; h_k]); s_k = g*s_{k-1} + (1-g)*tanh(c); bias = W2(tanh(o))."""
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__(config)

@@ -57,7 +57,8 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps)
         self.k_norm = RMSNorm(d, config.rms_norm_eps)
 
-    def keys_values(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(self, x: torch.Tensor, positions: torch.Tensor,
+                    rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., T, H], positions [..., T] -> keys, values [..., T, kv_heads, head_dim] (keys normed + rotated)."""
         shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
         keys = rotary(self.k_norm(self.k_proj(x).view(shape)), positions)

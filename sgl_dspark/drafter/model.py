@@ -61,8 +61,8 @@ class DSparkDrafter(nn.Module):
             if tuple(w.shape) != want:
                 raise ValueError(f"target {name} has shape {tuple(w.shape)}, drafter expects {want}")
         self._target = target
-        ids = self.draft_to_target
-        self._lm_rows = target.lm_head.detach() if ids is None else target.lm_head.detach()[ids.to(target.lm_head.device)]
+        ids, lm_head = self.draft_to_target, target.lm_head.detach()
+        self._lm_rows = lm_head if ids is None else lm_head[ids.to(lm_head.device)]
 
     @property
     def target(self) -> TargetWeights:

@@ -144,7 +144,8 @@ class _Grower:
 
     def children(self, frontier: Frontier, conf: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> None:
         surv, c, toks = (frontier.survival * conf).tolist(), conf.tolist(), tokens.tolist()
-        for i, (r, parent, m) in enumerate(zip(frontier.req.tolist(), frontier.parent.tolist(), frontier.main.tolist())):
+        columns = zip(frontier.req.tolist(), frontier.parent.tolist(), frontier.main.tolist())
+        for i, (r, parent, m) in enumerate(columns):
             row = None if self.builders[r].probs is None else probs[i]
             node = self.builders[r].add(toks[i], parent, c[i], row)
             self.rows.append(_Child(r, m, node, toks[i], surv[i], i))
@@ -198,8 +199,9 @@ def grow_trees(drafter: DSparkDrafter, hidden: torch.Tensor, anchors: torch.Tens
     b = hidden.shape[0]
     builders = [TreeBuilder(int(a), keep_probs=not p.is_greedy) for a, p in zip(anchors.tolist(), sampling)]
     budget = _Budget(knobs, [0] * b, [True] * b)
+    state = drafter.markov_head.init_state(b, hidden[:, 0])
     frontier = Frontier(torch.arange(b), torch.zeros(b, dtype=torch.long), anchors.long().cpu(), torch.ones(b),
-                        torch.ones(b, dtype=torch.bool), drafter.markov_head.init_state(b, hidden[:, 0])).to(hidden.device)
+                        torch.ones(b, dtype=torch.bool), state).to(hidden.device)
     lm_rows = 0
     for depth in range(1, knobs.max_window + 1):
         if frontier.size == 0:

@@ -1,6 +1,6 @@
 """CPU stand-in for SGLang's compiled sgl_kernel: pure-torch ops for SGLANG_USE_CPU_ENGINE=1 hosts.
 Never install it where a CUDA/ROCm/XPU sgl_kernel (sglang-kernel wheel) exists: it would shadow it.
-Unimplemented names raise NotImplementedError on call, or AttributeError where SGLang probes (_stub.py).
+Unimplemented names raise NotImplementedError when called, AttributeError where SGLang probes.
 """
 
 from __future__ import annotations

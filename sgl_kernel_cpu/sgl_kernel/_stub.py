@@ -44,7 +44,8 @@ _PROBED = frozenset(
         "top_k_renorm_prob",  # kernels/ops/sampling/renorm.py (MUSA)
         "top_p_renorm_prob",  # kernels/ops/sampling/renorm.py (MUSA)
         "transfer_cache_dsv4_mla",  # srt/mem_cache/memory_pool_host.py (XPU)
-        "tree_speculative_sampling_target_only",  # kernels/ops/speculative/verify_sampling.py (MUSA)
+        # kernels/ops/speculative/verify_sampling.py (MUSA)
+        "tree_speculative_sampling_target_only",
     }
 )
 

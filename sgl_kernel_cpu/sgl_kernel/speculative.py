@@ -112,13 +112,15 @@ def build_tree_kernel_efficient_cpu(
     if not 0 < n <= 1024 or topk <= 0:
         raise ValueError("sgl_kernel CPU stand-in: need 0 < draft_token_num <= 1024, topk > 0")
     if tree_mask_mode == QLEN_ONLY_BITPACKING and n > 32:
-        raise ValueError("sgl_kernel CPU stand-in: bit-packed tree masks need draft_token_num <= 32")
+        raise ValueError(
+            "sgl_kernel CPU stand-in: bit-packed tree masks need draft_token_num <= 32"
+        )
     bs = verified_seq_len.numel()
     if bs == 0:
         return
     seq_lens = verified_seq_len.reshape(-1).tolist()
     sel_rows = selected_index.reshape(bs, n - 1).tolist()
-    parent_rows = parent_list.reshape(bs, -1).tolist()
+    parent_rows = parent_list.reshape(bs, parent_list.numel() // bs).tolist()  # may be [bs, 0]
     next_token = flat(retrive_next_token, "retrive_next_token")
     next_sibling = flat(retrive_next_sibling, "retrive_next_sibling")
     nt_rows = next_token[: bs * n].view(bs, n).tolist()

@@ -18,7 +18,8 @@ def nested(key: str) -> dict:
 
 def test_top_level_fields():
     c = parse_drafter_config(tiny_hf_config())
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (32, 2, 4, 2, 8)
+    shapes = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+    assert shapes == (32, 2, 4, 2, 8)
     assert (c.block_size, c.target_layer_ids, c.mask_token_id, c.markov_rank) == (4, (1, 3), 49, 8)
     assert (c.markov_head_type, c.sample_from_anchor, c.enable_confidence_head) == ("vanilla", True, True)
     assert (c.gamma, c.query_len, c.num_features, c.lm_vocab_size, c.reduced_vocab) == (4, 4, 2, 50, False)

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from sgl_dspark.drafter.config import TargetSpec
 from sgl_dspark.drafter.context import ContextKV, pad_contexts
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.drafter.model import TargetWeights
 
 
 def rms(x, w, eps=1e-6):
@@ -98,3 +100,11 @@ def test_target_weights_are_not_saved():
     drafter, _ = random_drafter(tiny_hf_config(draft_vocab_size=20))
     names = set(drafter.state_dict())
     assert "d2t" in names and not any(n.startswith(("embed", "lm_head", "rotary")) for n in names)
+
+
+def test_attach_target_checks_shapes_and_target_spec_reads_hf_config():
+    drafter, spec = random_drafter(tiny_hf_config())
+    with pytest.raises(ValueError, match=r"target lm_head has shape \(50, 16\), drafter expects \(50, 32\)"):
+        drafter.attach_target(TargetWeights(torch.zeros(50, 32), torch.zeros(50, 16)))
+    hf = {"text_config": {"hidden_size": 32, "vocab_size": 50, "num_hidden_layers": 6}}
+    assert TargetSpec.from_hf_config(hf) == spec

@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 from sgl_dspark.drafter import DraftKnobs, Proposer, ProposeInput, pad_contexts
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.sampling import SamplingParams
-from sgl_dspark.tree import depths
+from sgl_dspark.tree import position_ids
 
 SAMPLED = SamplingParams(temperature=1.0)
 
@@ -105,12 +105,13 @@ def test_tree_branches_with_deterministic_alternatives():
     inp = make_input(drafter, batch=1, sampling=[SAMPLED])
     knobs = DraftKnobs(tree_width=3, branch_threshold=0.5, max_nodes=8)
     tree = Proposer(drafter, knobs).propose(inp).trees[0]
-    parents = tree.parents.tolist()
-    assert tree.size == 9 and all(p < i for i, p in enumerate(parents) if i)
-    assert parents[:4] == [-1, 0, 0, 0]  # main child first, then its two alternatives
-    assert depths(tree.parents).max() == 4  # the main chain still reaches max_window (budget reserved)
+    # depth 1: main child 1, alternatives 2, 3; depth 2: one child each (alternatives of 4 would eat the budget
+    # reserved for the main chain); depths 3-4: the main chain alone, which still reaches max_window.
+    assert tree.parents.tolist() == [-1, 0, 0, 0, 1, 2, 3, 4, 7]
+    assert position_ids(tree.parents, prefix_len=5).tolist() == [5, 6, 6, 6, 7, 7, 7, 8, 9]
     h = drafter.block_hidden(inp.context, inp.anchors, inp.anchor_positions)[0]
-    logits = drafter.target.lm_head @ h[0] + drafter.markov_head.markov_w2.weight @ drafter.markov_head.markov_w1.weight[3]
+    markov = drafter.markov_head
+    logits = drafter.target.lm_head @ h[0] + markov.markov_w2.weight @ markov.markov_w1.weight[3]
     rank = [t for t in logits.argsort(descending=True).tolist() if t != int(tree.tokens[1])]
     assert tree.tokens[2:4].tolist() == rank[:2]
     for node in (2, 3):

@@ -1,0 +1,159 @@
+"""The draft-worker process: `python -m sgl_dspark.draft_worker.process --address ipc://... --parent-pid N`.
+
+A fresh interpreter (it inherits nothing of SGLang) that takes Init, loads the drafter with the target's embedding and
+LM head (`load_target_weights`), runs exactly the in-process engine (LocalDraftClient) and answers requests until
+Shutdown, or until its parent dies (it then also unlinks the parent's arenas). Must not import SGLang.
+"""
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
+from sgl_dspark.draft_worker.local import LocalDraftClient
+from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Message, Ping, Pong, Propose, Proposed, Ready,
+                                              Shutdown, TensorRef, WriteContext)
+from sgl_dspark.draft_worker.shm import DTYPES, ArenaMaps, unlink
+from sgl_dspark.draft_worker.transport import Channel
+from sgl_dspark.drafter import TargetWeights, load_drafter
+from sgl_dspark.tree import DraftTree
+
+EMBED_WEIGHT = "model.embed_tokens.weight"
+LM_HEAD_WEIGHT = "lm_head.weight"
+PARENT_POLL_S = 0.5  # an idle worker notices a dead parent within this
+
+
+def load_target_weights(folder: str | Path, dtype: torch.dtype = torch.float32) -> TargetWeights:
+    """The target's embedding and LM head from an HF safetensors folder; without lm_head.weight they are tied
+    (the same tensor, as in SmolLM2)."""
+    found: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as st:
+            names = set(st.keys())
+            found |= {n: st.get_tensor(n).to(dtype) for n in (EMBED_WEIGHT, LM_HEAD_WEIGHT) if n in names}
+    if EMBED_WEIGHT not in found:
+        raise ValueError(f"target weights: no {EMBED_WEIGHT} in {folder}/*.safetensors")
+    embed = found[EMBED_WEIGHT]
+    return TargetWeights(embed, found.get(LM_HEAD_WEIGHT, embed))
+
+
+def load_engine(init: Init) -> LocalDraftClient:
+    dtype = DTYPES[init.dtype]
+    weights = load_target_weights(init.target_path, dtype)
+    drafter = load_drafter(init.drafter_path, init.target, weights, dtype)
+    return LocalDraftClient(drafter, init.knobs, init.num_slots, init.seed)
+
+
+class Worker:
+    """Answers one channel's requests with the engine built at Init."""
+
+    def __init__(self, channel: Channel, parent_pid: int) -> None:
+        self.channel, self.parent_pid = channel, parent_pid
+        self.maps = ArenaMaps()
+        self.arenas: set[str] = set()  # client arena paths seen; unlinked here only if the client dies
+        self.engine: LocalDraftClient | None = None
+        self.running = True
+        self.handlers = {Init: self.init, WriteContext: self.write, Propose: self.propose, Ping: self.ping,
+                         Shutdown: self.shutdown}
+
+    def serve(self) -> int:
+        """0 after Shutdown; 1 when the parent died."""
+        while self.running:
+            if os.getppid() != self.parent_pid:
+                self.orphaned()
+                return 1
+            message = self.channel.recv(PARENT_POLL_S)
+            if message is not None:
+                self.channel.send(self.answer(message))
+        return 0
+
+    def answer(self, message: Message) -> Message:
+        handler = self.handlers.get(type(message))
+        if handler is None:
+            return Error(f"unexpected message {type(message).__name__}")
+        if self.engine is None and handler in (self.write, self.propose):
+            return Error("not initialised: Init must come first")
+        try:
+            return handler(message)
+        except Exception as exc:  # reported to the client, which decides; the worker keeps serving
+            return Error(f"{type(exc).__name__}: {exc}".replace("\n", " "))
+
+    def init(self, message: Init) -> Ready:
+        torch.set_num_threads(message.torch_threads)
+        self.arenas.update(message.arenas)
+        self.engine = load_engine(message)
+        max_nodes = self.engine.proposer.knobs.max_nodes
+        return Ready(os.getpid(), max_nodes + 1, self.engine.proposer.drafter.config.vocab_size)
+
+    def view(self, ref: TensorRef) -> torch.Tensor:
+        self.arenas.add(ref.arena)
+        return self.maps.view(ref)
+
+    def write(self, message: WriteContext) -> Ack:
+        update = ContextUpdate(self.view(message.slots), self.view(message.positions), self.view(message.features))
+        self.engine.write_context(update)
+        return Ack()
+
+    def propose(self, message: Propose) -> Proposed:
+        slots = self.view(message.context_slots).split(list(message.context_lengths))
+        batch = DraftBatch(tuple(slots), self.view(message.anchors), self.view(message.anchor_positions),
+                           message.sampling)
+        return self.reply(self.engine.propose(batch), message.reply_arena)
+
+    def reply(self, trees: list[DraftTree], path: str) -> Proposed:
+        """Trees -> concatenated tensors in the client's reply arena."""
+        self.arenas.add(path)
+        arena = self.maps.get(path)
+        arena.reset()
+        tokens, parents, confidence = (arena.put(torch.cat([getattr(t, f) for t in trees]))
+                                       for f in ("tokens", "parents", "confidence"))
+        probs = [t.draft_probs for t in trees if t.draft_probs is not None]
+        return Proposed(tuple(t.size for t in trees), tuple(t.draft_probs is not None for t in trees), tokens,
+                        parents, confidence, arena.put(torch.cat(probs)) if probs else None)
+
+    def ping(self, message: Ping) -> Pong:
+        return Pong(os.getpid())
+
+    def shutdown(self, message: Shutdown) -> Ack:
+        self.running = False
+        return Ack()
+
+    def orphaned(self) -> None:
+        print(f"draft worker {os.getpid()}: parent {self.parent_pid} is gone; exiting", file=sys.stderr)
+        for path in self.arenas:
+            unlink(path)
+
+    def close(self) -> None:
+        self.maps.close()
+
+
+def launch_command(address: str, parent_pid: int) -> list[str]:
+    """The command line that starts a worker for `address` (a fresh interpreter, same Python)."""
+    return [sys.executable, "-m", "sgl_dspark.draft_worker.process", "--address", address,
+            "--parent-pid", str(parent_pid)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.draft_worker.process",
+                                     description="DSpark draft-worker process (started by ProcessDraftClient)")
+    parser.add_argument("--address", required=True, help="ipc:// address the client bound")
+    parser.add_argument("--parent-pid", type=int, required=True, help="exit once this process is gone")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal Ctrl-C is the parent's to handle
+    torch.set_num_threads(1)
+    channel = Channel.server(args.address)
+    worker = Worker(channel, args.parent_pid)
+    try:
+        return worker.serve()
+    finally:
+        worker.close()
+        channel.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Batch layout of one verify step: trees packed into SGLang's fixed-width verify rows, and the accepted
+paths unpacked into its accept layout.
+
+Every request gets `width` rows (its tree, then padding nodes hanging off the root that are never
+accepted); the tree mask is [bs, width, width] (prefix columns implied). Pure torch; no SGLang imports.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_dspark.tree import DraftTree, ancestor_mask, position_ids
+from sgl_dspark.verify import VerifyResult
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    tokens: torch.Tensor  # [bs * width] int64, node 0 of each request is its anchor
+    positions: torch.Tensor  # [bs * width] int64
+    mask: torch.Tensor  # [bs, width, width] bool: row i may attend to verify row j
+    sizes: torch.Tensor  # [bs] int64 real nodes per request (the rest is padding)
+    width: int
+
+
+@dataclass(frozen=True)
+class AcceptRows:
+    accept_index: torch.Tensor  # [bs, width] int64 flat verify row of each kept node (root first), -1 padded
+    tokens: torch.Tensor  # [bs, stride] int64 emitted tokens (accepted drafts then bonus), 0 padded
+    accept_lens: torch.Tensor  # [bs] int32 tau per request (bonus included)
+
+
+def pad_tree(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> tokens [width], parents [width]: padding nodes repeat the anchor and hang off the root."""
+    pad = width - tree.size
+    if pad < 0:
+        raise ValueError(f"tree of {tree.size} nodes does not fit a verify width of {width}")
+    tokens = torch.cat([tree.tokens, tree.tokens[:1].expand(pad)])
+    parents = torch.cat([tree.parents, torch.zeros(pad, dtype=tree.parents.dtype)])
+    return tokens, parents
+
+
+def pack_trees(trees: list[DraftTree], seq_lens: list[int], width: int | None = None) -> VerifyRows:
+    """Trees (one per request) + each request's cached length -> the verify rows."""
+    width = width or max(t.size for t in trees)
+    tokens, positions, masks = [], [], []
+    for tree, seq_len in zip(trees, seq_lens):
+        tok, parents = pad_tree(tree, width)
+        tokens.append(tok)
+        positions.append(position_ids(parents, seq_len))
+        masks.append(ancestor_mask(parents))
+    sizes = torch.tensor([t.size for t in trees], dtype=torch.long)
+    return VerifyRows(torch.cat(tokens), torch.cat(positions), torch.stack(masks), sizes, width)
+
+
+def accept_rows(results: list[VerifyResult], width: int, stride: int) -> AcceptRows:
+    """Verify results -> the rows to keep (root + accepted path) and the tokens each request emits."""
+    bs = len(results)
+    index = torch.full((bs, width), -1, dtype=torch.long)
+    tokens = torch.zeros((bs, stride), dtype=torch.long)
+    for b, result in enumerate(results):
+        kept = torch.cat([torch.zeros(1, dtype=torch.long), result.accepted_nodes.long()])
+        index[b, :kept.numel()] = b * width + kept
+        tokens[b, :result.tau] = result.emitted_tokens
+    lens = torch.tensor([r.tau for r in results], dtype=torch.int32)
+    return AcceptRows(index, tokens, lens)

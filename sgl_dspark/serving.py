@@ -1,0 +1,86 @@
+"""What the SGLang worker is built from, assembled once at start-up from the server args and the target.
+
+Owns: the DSpark config of this server, the drafter bound to the target's embedding/LM head, the target-side
+feature capture, the draft client, the step-cost table and the verify scheduler. Errors name their cause.
+"""
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from sgl_dspark.calibration import load_calibration
+from sgl_dspark.config import DSparkConfig, config_from_flags
+from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
+from sgl_dspark.draft_worker.client import DraftClient
+from sgl_dspark.drafter import DSparkDrafter, TargetSpec, TargetWeights, load_drafter
+from sgl_dspark.scheduler import Scheduler, make_scheduler
+
+# Before a table is profiled, the step cost grows ~8% per verified token (measured on CPU: verifying 8 tokens
+# costs ~1.6x a plain step); the online refit replaces this prior with measured step times.
+PRIOR_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+PRIOR_SLOPE = 0.08
+PRIOR_STEP_S = 0.07
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    config: DSparkConfig
+    drafter: DSparkDrafter
+    scheduler: Scheduler
+    max_verify_tokens: int  # root + most draft nodes one request can verify in a step
+
+    def make_client(self, num_slots: int, seed: int) -> DraftClient:
+        from sgl_dspark.draft_worker.local import LocalDraftClient
+
+        return LocalDraftClient(self.drafter, self.draft_knobs(), num_slots, seed)
+
+    def draft_knobs(self):
+        temps = () if self.config.calibration is None else tuple(load_calibration(self.config.calibration).temperatures.tolist())
+        return self.config.draft_knobs(temps)
+
+
+def dspark_config(server_args) -> DSparkConfig:
+    return config_from_flags(getattr(server_args, "dspark_flags", None) or {})
+
+
+def prior_cost_table() -> StepCostTable:
+    return from_measurements(PRIOR_TOKENS, [PRIOR_STEP_S * (1 + PRIOR_SLOPE * (b - 1)) for b in PRIOR_TOKENS])
+
+
+def target_weights(model) -> TargetWeights:
+    try:
+        return TargetWeights(model.model.embed_tokens.weight, model.lm_head.weight)
+    except AttributeError as exc:
+        raise ValueError(f"sgl-dspark: cannot find the embedding / LM head of {type(model).__name__}") from exc
+
+
+def capture_target_features(model, layer_ids: tuple[int, ...], num_layers: int) -> None:
+    """Ask the target to return the hidden states the drafter reads (SGLang's DFlash capture hook)."""
+    if max(layer_ids) >= num_layers - 1:
+        raise ValueError(f"drafter target_layer_ids {list(layer_ids)}: SGLang captures layer outputs only below "
+                         f"the last layer ({num_layers - 1})")
+    if not hasattr(model, "set_dflash_layers_to_capture"):
+        raise ValueError(f"target model {type(model).__name__} has no SGLang hidden-state capture for DSpark")
+    model.set_dflash_layers_to_capture(list(layer_ids))
+
+
+def max_verify_tokens(config: DSparkConfig, gamma: int) -> int:
+    window = min(config.max_window or gamma, gamma)
+    nodes = config.max_tree_nodes or window * config.tree_width
+    if config.max_verify is not None:
+        nodes = min(nodes, config.max_verify)
+    return 1 + nodes
+
+
+def build_setup(server_args, model_runner) -> WorkerSetup:
+    config = dspark_config(server_args)
+    hf_config = model_runner.model_config.hf_config.to_dict()
+    target = TargetSpec.from_hf_config(hf_config)
+    model = model_runner.model
+    drafter = load_drafter(server_args.speculative_draft_model_path, target, target_weights(model),
+                           dtype=torch.float32)
+    capture_target_features(model, drafter.config.target_layer_ids, target.num_hidden_layers)
+    table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
+    return WorkerSetup(config, drafter, make_scheduler(config, table),
+                       max_verify_tokens(config, drafter.config.gamma))

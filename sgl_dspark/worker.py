@@ -1,0 +1,213 @@
+"""The SGLang-facing DSpark worker (SGLang's V2 speculative-worker interface), CPU and GPU.
+
+A decode step reads as: draft (draft client) -> plan (prefix scheduler) -> pack (verify rows + tree mask)
+-> verify (target forward, lossless acceptance) -> commit (keep the accepted path's KV, feed the drafter its
+features) -> observe (step cost, metrics). It composes those parts and owns no algorithm itself.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
+from sgl_dspark.layout import VerifyRows, accept_rows, pack_trees
+from sgl_dspark.observe import StepStats, WorkerMetrics
+from sgl_dspark.sampling import SamplingParams
+from sgl_dspark.scheduler import ScheduleBatch as PlanInput
+from sgl_dspark.scheduler import StepResult
+from sgl_dspark.serving import WorkerSetup, build_setup
+from sgl_dspark.tree import DraftTree, subtree
+from sgl_dspark.verify import VerifyInput, verify_batch
+
+logger = logging.getLogger(__name__)
+
+
+def request_sampling(req) -> SamplingParams:
+    p = req.sampling_params
+    return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
+
+
+def root_only(anchor: int) -> DraftTree:
+    """The block of a request that drafts nothing this step (plain decoding through the verify path)."""
+    return DraftTree.chain(torch.tensor([anchor]), torch.ones(1))
+
+
+@dataclass
+class DecodeStep:
+    """What one decode step carries from drafting to commit."""
+
+    trees: list[DraftTree]  # selected (scheduled) trees, one per request
+    drafted: list[int]  # draft length per request before scheduling
+    rows: VerifyRows
+    seq_lens: list[int]
+
+
+class DSparkWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = self.model_runner.device
+        self.setup: WorkerSetup = build_setup(server_args, self.model_runner)
+        self.stride = self.setup.max_verify_tokens  # padded row width of the flattened output
+        self.speculative_num_draft_tokens = self.stride
+        self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
+        self.scheduler = self.setup.scheduler
+        self.metrics = WorkerMetrics.from_server_args(server_args)
+        self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
+        self.full_mask = self.device != "cpu"
+
+    @property
+    def draft_worker(self):
+        return None
+
+    def alloc_memory_pool(self, **kwargs):
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        kv = self.token_to_kv_pool_allocator.get_kvcache()
+        self.client = self.setup.make_client(kv.size + kv.page_size, int(self.server_args.random_seed or 0))
+
+    def clear_cache_pool(self):
+        pass
+
+    # -- the V2 entry point -------------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None, **_):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self.prefill(batch, on_publish)
+        if batch.forward_mode.is_idle():
+            raise RuntimeError("sgl-dspark: idle batches (data-parallel attention) are not supported")
+        return self.decode(batch, on_publish)
+
+    # -- prefill: the target runs as usual and hands its features to the drafter --------------------------
+
+    def prefill(self, batch, on_publish):
+        result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        features = result.logits_output.hidden_states
+        result.logits_output.hidden_states = None
+        self.write_context(batch.out_cache_loc, self.extend_positions(batch), features)
+        bs = len(batch.reqs)
+        tokens = torch.zeros(bs, self.stride, dtype=torch.long)
+        tokens[:, 0] = result.next_token_ids.cpu()
+        result.new_seq_lens = batch.seq_lens
+        result.next_draft_input = self.relay(batch.seq_lens, tokens, torch.ones(bs, dtype=torch.int32))
+        result.speculative_num_draft_tokens = self.stride
+        if on_publish is not None:
+            on_publish(batch.seq_lens)
+        return result
+
+    @staticmethod
+    def extend_positions(batch) -> torch.Tensor:
+        parts = [torch.arange(p, p + n) for p, n in zip(batch.prefix_lens, batch.extend_lens)]
+        return torch.cat(parts).to(torch.long)
+
+    def write_context(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+        try:
+            self.client.write_context(ContextUpdate(slots.cpu().long(), positions.cpu(), features.detach().cpu()))
+        except DraftWorkerUnavailable:
+            self.metrics.draft_worker_failed()
+
+    # -- decode: draft -> plan -> pack -> verify -> commit -> observe --------------------------------------
+
+    def decode(self, batch, on_publish):
+        start = time.perf_counter()
+        step = self.draft_and_plan(batch)
+        drafted_at = time.perf_counter()
+        self.prepare_verify(batch, step)
+        out = self.target_worker.forward_batch_generation(batch, is_verify=True)
+        verified_at = time.perf_counter()
+        results = self.verify(batch, step, out.logits_output.next_token_logits)
+        accepted = accept_rows(results, step.rows.width, self.stride)
+        new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
+        out.logits_output.hidden_states = None
+        batch.forward_mode = ForwardMode.DECODE
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self.scheduler.observe(StepResult(int(step.rows.sizes.sum()), verified_at - drafted_at))
+        self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
+                                       drafted_at - start, verified_at - drafted_at,
+                                       time.perf_counter() - verified_at))
+        return GenerationBatchResult(
+            logits_output=out.logits_output, next_token_ids=accepted.tokens.flatten().to(self.device),
+            accept_lens=accepted.accept_lens.to(self.device), new_seq_lens=new_seq_lens,
+            next_draft_input=self.relay(new_seq_lens, accepted.tokens, accepted.accept_lens),
+            can_run_cuda_graph=False, speculative_num_draft_tokens=self.stride)
+
+    def draft_and_plan(self, batch) -> DecodeStep:
+        seq_lens = batch.seq_lens.cpu().tolist()
+        anchors = [int(req.output_ids[-1]) for req in batch.reqs]
+        trees = self.draft(batch, seq_lens, anchors)
+        plan = self.scheduler.plan(PlanInput(tuple(trees)))
+        selected = [subtree(tree, keep) for tree, keep in zip(trees, plan.selections)]
+        rows = pack_trees(selected, seq_lens)
+        return DecodeStep(selected, [t.size - 1 for t in trees], rows, seq_lens)
+
+    def draft(self, batch, seq_lens: list[int], anchors: list[int]) -> list[DraftTree]:
+        req_to_token = self.req_to_token_pool.req_to_token
+        pool_idx = batch.req_pool_indices.cpu().tolist()
+        draft = DraftBatch(
+            context_slots=tuple(req_to_token[i, :n].cpu().long() for i, n in zip(pool_idx, seq_lens)),
+            anchors=torch.tensor(anchors, dtype=torch.long),
+            anchor_positions=torch.tensor(seq_lens, dtype=torch.long),
+            sampling=tuple(request_sampling(req) for req in batch.reqs))
+        try:
+            return self.client.propose(draft)
+        except DraftWorkerUnavailable:
+            self.metrics.draft_worker_failed()
+            return [root_only(a) for a in anchors]
+
+    def prepare_verify(self, batch, step: DecodeStep) -> None:
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+
+        rows, bs = step.rows, len(batch.reqs)
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = rows.tokens.to(self.device)
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=self.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens, end_offset=batch.seq_lens + rows.width, batch_size=bs,
+            draft_token_num=rows.width, device=self.device)
+        spec = NgramVerifyInput(draft_token=batch.input_ids, custom_mask=self.flat_mask(rows, step.seq_lens),
+                                positions=rows.positions.to(self.device), draft_token_num=rows.width)
+        spec.capture_hidden_mode = CaptureHiddenMode.FULL
+        batch.spec_info = spec
+
+    def flat_mask(self, rows: VerifyRows, seq_lens: list[int]) -> torch.Tensor:
+        """SGLang's flattened custom mask: draft block only on CPU, prefix columns included on GPUs."""
+        if not self.full_mask:
+            return rows.mask.flatten().to(self.device)
+        parts = [torch.cat([torch.ones(rows.width, n, dtype=torch.bool), m], 1).flatten()
+                 for m, n in zip(rows.mask, seq_lens)]
+        return torch.cat(parts).to(self.device)
+
+    def verify(self, batch, step: DecodeStep, logits: torch.Tensor):
+        logits = logits.float().cpu().view(len(batch.reqs), step.rows.width, -1)
+        inputs = [VerifyInput(tree, logits[b, :tree.size], request_sampling(req))
+                  for b, (tree, req) in enumerate(zip(step.trees, batch.reqs))]
+        return verify_batch(inputs, self.generator)
+
+    def commit(self, batch, step: DecodeStep, accepted, hidden: torch.Tensor) -> torch.Tensor:
+        """Move the accepted path's KV to the front of each request's verify window, and give the drafter the
+        features of those rows at their final slots."""
+        index = accepted.accept_index.to(self.device)
+        lens = accepted.accept_lens.to(self.device)
+        move_accept_tokens_to_target_kvcache(batch, index, lens - 1, self.token_to_kv_pool_allocator)
+        width = step.rows.width
+        front = torch.cat([torch.arange(b * width, b * width + int(n)) for b, n in enumerate(accepted.accept_lens)])
+        kept = accepted.accept_index[accepted.accept_index >= 0]
+        positions = torch.cat([torch.arange(s, s + int(n)) for s, n in zip(step.seq_lens, accepted.accept_lens)])
+        self.write_context(batch.out_cache_loc[front.to(self.device)], positions, hidden[kept.to(hidden.device)])
+        return batch.seq_lens + lens.to(batch.seq_lens.dtype)
+
+    def relay(self, seq_lens: torch.Tensor, tokens: torch.Tensor, lens: torch.Tensor) -> NgramVerifyInput:
+        """The running batch's spec state between steps (SGLang filters/merges it as requests come and go)."""
+        return NgramVerifyInput(draft_token_num=self.stride, new_seq_lens=seq_lens,
+                                accept_tokens=tokens.flatten().to(self.device), accept_lens=lens.to(self.device))
