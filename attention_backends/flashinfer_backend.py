@@ -16,7 +16,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from attention_backends.flashinfer_tree import new_wrapper, plan_tree_attention, run_tree_attention
 from attention_backends.mask import MaskLayout
 from attention_backends.paged import PagedTreeBatch
-from attention_backends.reference import _check_verify_layer, sglang_mask_layout, verify_batch
+from attention_backends.reference import check_verify_layer, sglang_mask_layout, verify_batch
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -44,11 +44,10 @@ class FlashInferTreeAttnBackend(FlashInferAttnBackend):
         self.verify, self.verify_planned = None, False  # graphs replay FlashInferAttnBackend's own verify plan
         return super().init_forward_metadata_out_graph(forward_batch, in_capture)
 
-    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True,
-                       **kwargs):
+    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True):
         if self.verify is None or not forward_batch.forward_mode.is_target_verify():
-            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
-        _check_verify_layer(layer)
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        check_verify_layer(layer)
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc), k, v)
         k_cache, v_cache = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)

@@ -69,7 +69,7 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True):
         if not forward_batch.forward_mode.is_target_verify():
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-        _check_verify_layer(layer)
+        check_verify_layer(layer)
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
@@ -83,7 +83,7 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
         return o
 
 
-def _check_verify_layer(layer: RadixAttention) -> None:
+def check_verify_layer(layer: RadixAttention) -> None:
     """Tree verification is self-attention over the full cache; refuse what it would silently get wrong."""
     if layer.is_cross_attention or layer.attn_type == AttentionType.ENCODER_ONLY:
         raise NotImplementedError("dspark_torch: TARGET_VERIFY supports causal self-attention layers only")

@@ -50,7 +50,7 @@ class Patch:
                 raise self._drift(f"has parameters {found}, expected {self.params}")
         problem = self.requires() if self.requires is not None else None
         if problem:
-            raise PatchDriftError(f"sgl-dspark: patch {self.name}: {problem}; the pinned SGLang version changed")
+            raise PatchDriftError(f"patch {self.name}: {problem}; the pinned SGLang version changed")
         return raw
 
     def apply(self) -> None:
@@ -65,7 +65,7 @@ class Patch:
         if self._installed is None:
             return
         if not self.applied:
-            raise PatchDriftError(f"sgl-dspark: patch {self.name}: {self.target} was replaced after it was "
+            raise PatchDriftError(f"patch {self.name}: {self.target} was replaced after it was "
                                   f"patched; cannot restore the original")
         setattr(self._owner(), self._attr, self._original)
         self._original = self._installed = None
@@ -89,7 +89,7 @@ class Patch:
         return raw
 
     def _drift(self, what: str) -> PatchDriftError:
-        return PatchDriftError(f"sgl-dspark: patch {self.name}: upstream {self.target} {what}; "
+        return PatchDriftError(f"patch {self.name}: upstream {self.target} {what}; "
                                f"the pinned SGLang version changed")
 
 

@@ -1,16 +1,21 @@
 """Entry point of the `sglang.srt.plugins` group: runs in SGLang's main, scheduler and detokenizer processes.
 
 It announces itself on stderr (one line, so every process shows it ran; SGLang configures logging only
-after plugins load in some processes) and registers the patches. With no DSPARK requested, no patch
-changes SGLang's behaviour.
+after plugins load in some processes), applies the named patches (all checked before any is applied; SGLang
+drift ends the process with one line, since a half-patched SGLang would hand DSPARK to the builtin) and
+registers the attention backends. With no DSPARK requested, no patch changes SGLang's behaviour.
 """
 
 import os
 import sys
 
 import sgl_dspark
+from scheduler_patch import algorithm, errors, server_args
+from scheduler_patch.backends import register_attention_backends
+from scheduler_patch.patches import PatchDriftError, apply_all
 
 ANNOUNCE = "sgl-dspark plugin loaded"
+PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES)
 
 
 def process_role() -> str:
@@ -27,4 +32,8 @@ def process_role() -> str:
 def load() -> None:
     print(f"{ANNOUNCE}: version={sgl_dspark.__version__} process={process_role()} pid={os.getpid()}",
           file=sys.stderr, flush=True)
-    from scheduler_patch.backends import register_attention_backends; register_attention_backends()  # noqa: E702
+    try:
+        apply_all(PATCHES)
+    except PatchDriftError as e:
+        raise SystemExit(f"{errors.PREFIX}{e}") from e
+    register_attention_backends()

@@ -2,7 +2,8 @@
 
 A fresh interpreter (it inherits nothing of SGLang) that takes Init, loads the drafter with the target's embedding and
 LM head (`load_target_weights`), runs exactly the in-process engine (LocalDraftClient) and answers requests until
-Shutdown, or until its parent dies (it then also unlinks the parent's arenas). Must not import SGLang.
+Shutdown, or until its parent dies (it then also removes the parent's arenas and socket file).
+Must not import SGLang.
 """
 
 import argparse
@@ -19,7 +20,7 @@ from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Message, Ping, Pong, Propose, Proposed, Ready,
                                               Shutdown, TensorRef, WriteContext)
 from sgl_dspark.draft_worker.shm import DTYPES, ArenaMaps, unlink
-from sgl_dspark.draft_worker.transport import Channel
+from sgl_dspark.draft_worker.transport import Channel, ipc_path
 from sgl_dspark.drafter import TargetWeights, load_drafter
 from sgl_dspark.tree import DraftTree
 
@@ -127,6 +128,7 @@ class Worker:
         print(f"draft worker {os.getpid()}: parent {self.parent_pid} is gone; exiting", file=sys.stderr)
         for path in self.arenas:
             unlink(path)
+        ipc_path(self.channel.address).unlink(missing_ok=True)  # the dead parent bound it and cannot remove it
 
     def close(self) -> None:
         self.maps.close()
@@ -156,4 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # everything owned is closed in main; skip the interpreter teardown (torch's is slow)

@@ -41,6 +41,8 @@ class DraftWorkerError(DraftWorkerUnavailable):
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    """How to run the worker; the SGLang seam builds it from DSparkConfig (knobs) and the server args."""
+
     drafter_path: str  # drafter checkpoint folder
     target_path: str  # target HF safetensors folder (embedding; lm_head unless tied)
     target: TargetSpec
@@ -101,7 +103,11 @@ class WorkerHandle:
         """Spawn, send Init, wait (bounded) for Ready. DraftWorkerUnavailable, nothing left running, on failure."""
         address = ipc_address(settings.run_dir, f"dspark-draft-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         channel = Channel.client(address)
-        handle = WorkerHandle(subprocess.Popen(launch_command(address, os.getpid())), channel)
+        try:
+            handle = WorkerHandle(subprocess.Popen(launch_command(address, os.getpid())), channel)
+        except OSError as exc:
+            channel.close()
+            raise DraftWorkerUnavailable(f"draft worker could not be spawned: {exc}") from exc
         try:
             reply = handle.request(init, settings.start_timeout_s, cancel)
             if not isinstance(reply, Ready):
@@ -127,9 +133,12 @@ class WorkerHandle:
                 if reply is not None:
                     return reply
                 if self.process.poll() is not None:
-                    raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {self.process.returncode})")
+                    code = self.process.returncode
+                    raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {code})")
         except (zmq.ZMQError, msgspec.MsgspecError) as exc:
             raise DraftWorkerUnavailable(f"draft worker {self.pid}: {name}: {type(exc).__name__}: {exc}") from exc
+        if cancel and cancel.is_set():
+            raise DraftWorkerUnavailable(f"draft worker {self.pid}: {name} cancelled (client closing)")
         raise DraftWorkerUnavailable(f"draft worker {self.pid} did not answer {name} within {timeout_s:g} s")
 
     def stop(self, timeout_s: float) -> None:
@@ -166,7 +175,7 @@ class SlotLedger:
             return []
         lengths = torch.tensor([c.numel() for c in contexts])
         owner = torch.repeat_interleave(torch.arange(len(contexts)), lengths)  # [sum L_i] request of each slot
-        missing = ~self.written[torch.cat([c.cpu() for c in contexts]).long()]
+        missing = ~self.written[torch.cat(list(contexts)).cpu().long()]
         counts = torch.zeros(len(contexts), dtype=torch.long).index_add_(0, owner, missing.long())
         return counts.nonzero().flatten().tolist()
 
@@ -241,7 +250,8 @@ class ProcessDraftClient:
         ready = self._live().ready
         stale = set(self.ledger.stale(batch.context_slots))
         fresh = [i for i in range(batch.anchors.shape[0]) if i not in stale]
-        trees = dict(zip(fresh, self._propose(select(batch, fresh)))) if fresh else {}
+        sub = select(batch, fresh) if stale else batch
+        trees = dict(zip(fresh, self._propose(sub))) if fresh else {}
         trees |= {i: anchor_only(batch, i, ready.probs_width) for i in stale}
         return [trees[i] for i in range(batch.anchors.shape[0])]
 
@@ -351,7 +361,8 @@ class ProcessDraftClient:
             try:
                 handle = self._start()
             except DraftWorkerUnavailable as exc:
-                logger.warning("draft worker restart failed: %s", exc)
+                if not self._closing.is_set():
+                    logger.warning("draft worker restart failed: %s", exc)
                 continue
             with self._lock:
                 if not self._closing.is_set():

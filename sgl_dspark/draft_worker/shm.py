@@ -53,7 +53,8 @@ class Arena:
 
     @staticmethod
     def create(directory: str, size: int, tag: str) -> "Arena":
-        """A new file `<directory>/sgl_dspark_<pid>_<tag>_<random>`, its pages reserved (ENOSPC now, not SIGBUS later)."""
+        """A new file `<directory>/sgl_dspark_<pid>_<tag>_<random>` with its pages reserved, so a full tmpfs
+        fails here (ENOSPC) rather than with SIGBUS on first touch."""
         path = str(Path(directory) / f"sgl_dspark_{os.getpid()}_{tag}_{uuid.uuid4().hex[:8]}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -1,0 +1,282 @@
+"""DSPARK server arguments: the `--speculative-dspark-*` flags and the launch plan, resolved once in the main process.
+
+Patches: `dspark.cli_flags` adds `--speculative-dspark-preset` and one flag per DSparkConfig knob to SGLang's
+parser; `dspark.cli_values` keeps the given ones on the ServerArgs record (`_dspark_flags`: bookkeeping, which
+ServerArgs pickles to the scheduler); `dspark.resolve` runs `prepare` before SGLang's resolution pipeline: build
+the config, refuse what we do not support, check the drafter against the target (StartupError, one line naming
+the flag or field), declare the fields SGLang needs, and attach the plan (`_dspark_launch`, read by `launch_of`).
+Must not load weights or create workers.
+"""
+
+import argparse
+import dataclasses
+import json
+import logging
+import typing
+from pathlib import Path
+from typing import Any
+
+from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag, config_from_flags
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE
+from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target, parse_drafter_config
+
+from scheduler_patch.algorithm import NAME
+from scheduler_patch.audit import REFUSAL_FIELDS, UNSUPPORTED
+from scheduler_patch.backends import FLASHINFER_BACKEND, TORCH_BACKEND
+from scheduler_patch.errors import StartupError
+from scheduler_patch.patches import Patch
+
+SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+SOURCE = "sgl_dspark.prepare"  # the declaration source SGLang records for our field decisions
+FLAGS_ATTR = "_dspark_flags"
+LAUNCH_ATTR = "_dspark_launch"
+DEFAULT_BACKENDS = {"cpu": TORCH_BACKEND, "cuda": FLASHINFER_BACKEND}  # tree verification on each device
+BACKEND_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+PATH_KNOBS = ("cost_table", "calibration", "draft_vocab")
+FLAG_DESTS = tuple(cli_flag(k)[2:].replace("-", "_") for k in (PRESET_KNOB, *KNOBS))
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DSparkLaunch:
+    """What the main process decided for a DSPARK run; rides on the ServerArgs record into every process."""
+
+    config: DSparkConfig
+    draft_nodes: int  # most draft nodes one request verifies per step, anchor excluded
+    attention_backend: str | None  # declared by the plugin; None: the user's explicit choice stands
+
+    @property
+    def verify_tokens(self) -> int:
+        """Tokens per request in one verify step: the anchor plus the draft nodes (SGLang's num_draft_tokens)."""
+        return 1 + self.draft_nodes
+
+    def server_fields(self) -> dict[str, Any]:
+        """The ServerArgs fields DSPARK sets. steps=topk=1 keeps SGLang's per-decode KV reserve at
+        max(steps * topk, num_draft_tokens) = verify_tokens (has_draft_kv is False: no draft KV in SGLang's pool)."""
+        fields = {"speculative_algorithm": NAME, "disable_overlap_schedule": True,
+                  "speculative_num_draft_tokens": self.verify_tokens, "speculative_num_steps": 1,
+                  "speculative_eagle_topk": 1, "enable_mixed_chunk": False}
+        if self.attention_backend is not None:
+            fields["attention_backend"] = self.attention_backend
+        return fields
+
+
+def launch_of(server_args: Any) -> DSparkLaunch:
+    """The plan `prepare` attached (works on the record, a resolving view, or SGLang's plugin recorder)."""
+    launch = getattr(server_args, LAUNCH_ATTR, None)
+    if not isinstance(launch, DSparkLaunch):
+        raise RuntimeError("sgl-dspark: these server args carry no DSpark launch plan (resolved without the "
+                           "plugin's dspark.resolve patch?)")
+    return launch
+
+
+def wants_dspark(server_args: Any) -> bool:
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    cfg = resolving_view(server_args)
+    # --enable-return-aux-hidden-states uses the name only as SGLang's capture convention (speculation off).
+    return str(cfg.speculative_algorithm).upper() == NAME and not cfg.enable_return_aux_hidden_states
+
+
+def prepare(record: Any) -> DSparkLaunch:
+    """Resolve DSPARK on the raw record, before SGLang's pipeline; StartupError names what is wrong."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    cfg = resolving_view(record)
+    config = _config(getattr(record, FLAGS_ATTR, None) or {})
+    _refuse_unsupported(cfg)
+    device = _device(cfg)
+    root = _drafter_dir(cfg.speculative_draft_model_path)
+    drafter = _drafter(root, _target(cfg))
+    launch = DSparkLaunch(config, _draft_nodes(config, drafter), _attention_backend(cfg, device))
+    _refuse_conflicts(cfg, launch)
+    if cfg.enable_mixed_chunk:
+        logger.warning("sgl-dspark: --enable-mixed-chunk is turned off for DSPARK")
+    declare_resolution(record, SOURCE, **launch.server_fields())
+    setattr(record, LAUNCH_ATTR, launch)  # bookkeeping: allowed on the sealed record, kept by its pickling
+    logger.info("sgl-dspark: DSPARK on %s, %d verify tokens per request, %s", device, launch.verify_tokens, config)
+    return launch
+
+
+def _config(flags: dict[str, Any]) -> DSparkConfig:
+    try:
+        config = config_from_flags(flags)
+    except ValueError as e:
+        raise StartupError(str(e)) from e
+    for knob in PATH_KNOBS:
+        value = getattr(config, knob)
+        if value is not None and not Path(value).is_file():
+            raise StartupError(f"DSpark config: {knob}={value!r}: no such file (set by {cli_flag(knob)} or the preset)")
+    return config
+
+
+def _refuse_unsupported(cfg: Any) -> None:
+    for refusal in UNSUPPORTED:
+        if refusal.applies(cfg):
+            raise StartupError(f"{refusal.flag} is not supported with --speculative-algorithm DSPARK (sgl-dspark): "
+                               f"{refusal.why}")
+
+
+def _device(cfg: Any) -> str:
+    from sglang.srt.utils.common import get_device
+
+    device = (cfg.device or get_device()).split(":")[0]
+    if device not in DEFAULT_BACKENDS:
+        raise StartupError(f"--device {device}: sgl-dspark's DSPARK runs on {' or '.join(DEFAULT_BACKENDS)}")
+    return device
+
+
+def _drafter_dir(path: str | None) -> Path:
+    flag = "--speculative-draft-model-path"
+    if path is None:
+        raise StartupError(f"{flag} is required with --speculative-algorithm DSPARK (a DSpark drafter folder)")
+    root = Path(path)
+    if not root.is_dir():
+        raise StartupError(f"{flag} {path}: no such directory (expected a local DSpark drafter folder with "
+                           f"{CONFIG_FILE} and *.safetensors)")
+    if not (root / CONFIG_FILE).is_file():
+        raise StartupError(f"{flag} {path}: no {CONFIG_FILE} in the folder")
+    if not any(root.glob("*.safetensors")):
+        raise StartupError(f"{flag} {path}: no *.safetensors weights in the folder")
+    return root
+
+
+def _target(cfg: Any) -> TargetSpec:
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    try:
+        hf = get_config(cfg.model_path, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+        return TargetSpec.from_hf_config(hf.to_dict())
+    except Exception as e:  # any failure to read the target is reported as one line naming the flag
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StartupError(f"--model-path {cfg.model_path}: cannot read the target's config ({cause})") from e
+
+
+def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
+    try:
+        drafter = parse_drafter_config(json.loads((root / CONFIG_FILE).read_text()))
+    except (ValueError, TypeError, KeyError) as e:
+        raise StartupError(f"--speculative-draft-model-path {root}: {CONFIG_FILE}: {e}") from e
+    try:
+        check_fits_target(drafter, target)
+    except ValueError as e:
+        raise StartupError(f"--speculative-draft-model-path {root} does not fit the target model: {e}") from e
+    return drafter
+
+
+def _draft_nodes(config: DSparkConfig, drafter: DrafterConfig) -> int:
+    try:
+        knobs = config.draft_knobs().resolve(drafter.gamma)
+    except ValueError as e:
+        raise StartupError(f"DSpark config does not fit the drafter (block_size {drafter.gamma}): {e}") from e
+    return knobs.max_nodes if config.max_verify is None else min(knobs.max_nodes, config.max_verify)
+
+
+def _attention_backend(cfg: Any, device: str) -> str | None:
+    """Our tree-verify backend unless the user chose one; on CPU nothing else verifies a tree."""
+    ours = DEFAULT_BACKENDS[device]
+    chosen = {name: getattr(cfg, name) for name in BACKEND_FIELDS if getattr(cfg, name) is not None}
+    for name, value in chosen.items():
+        if device == "cpu" and value != ours:
+            raise StartupError(f"{_flag(name)} {value}: DSPARK on CPU verifies with {ours} (the CPU backend with "
+                               f"tree verification); drop the flag or pass {ours}")
+    return None if chosen else ours
+
+
+def _refuse_conflicts(cfg: Any, launch: DSparkLaunch) -> None:
+    """Explicit SGLang speculative sizes must agree with what the DSpark knobs imply."""
+    ours = {"speculative_num_draft_tokens": launch.verify_tokens, "speculative_num_steps": 1,
+            "speculative_eagle_topk": 1}
+    for name, value in ours.items():
+        given = getattr(cfg, name)
+        if given is not None and int(given) != value:
+            raise StartupError(f"{_flag(name)} {given} conflicts with DSPARK, which sets {value} (the anchor plus at "
+                               f"most {launch.draft_nodes} draft nodes, from the --speculative-dspark-* knobs); "
+                               f"drop the flag")
+
+
+def _flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """`--speculative-dspark-preset` and one flag per knob, all default None (defaults live in configs/)."""
+    group = parser.add_argument_group("DSpark (sgl-dspark plugin)",
+                                      "Knobs of --speculative-algorithm DSPARK; unset flags take the preset's value.")
+    group.add_argument(cli_flag(PRESET_KNOB), type=str, default=None, metavar="NAME_OR_PATH",
+                       help="A preset in sgl-dspark's configs/ (default, chain, tree, ...) or a JSON file of knobs.")
+    for field in dataclasses.fields(DSparkConfig):
+        group.add_argument(cli_flag(field.name), type=_arg_type(field.type), default=None,
+                           help=f"DSpark knob {field.name}: {RULES[field.name][1]}.")
+
+
+def given_flags(namespace: dict[str, Any]) -> dict[str, Any]:
+    """Parsed argparse values -> the `--speculative-dspark-*` flags that were given (dest -> value)."""
+    return {dest: namespace[dest] for dest in FLAG_DESTS if namespace.get(dest) is not None}
+
+
+def _arg_type(annotation: Any):
+    kinds = [t for t in typing.get_args(annotation) if t is not type(None)] or [annotation]
+    return _boolean if kinds[0] is bool else kinds[0]
+
+
+def _boolean(text: str) -> bool:
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
+# --- the patches --------------------------------------------------------------------------------------------
+
+def _add_cli_args(original, parser):
+    original(parser)
+    add_flags(parser)
+
+
+def _from_cli_args(original, args):
+    record = original(args)
+    flags = given_flags(vars(args))
+    if flags:
+        setattr(record, FLAGS_ATTR, flags)
+    return record
+
+
+def _resolve_once(original, record):
+    fresh = not getattr(record, "_resolution_finished", False) and getattr(record, LAUNCH_ATTR, None) is None
+    if fresh and wants_dspark(record):
+        prepare(record)
+    elif fresh and getattr(record, FLAGS_ATTR, None):
+        logger.warning("sgl-dspark: --speculative-dspark-* flags are ignored without --speculative-algorithm DSPARK")
+    return original(record)
+
+
+USED_FIELDS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_num_draft_tokens",
+               "speculative_num_steps", "speculative_eagle_topk", "enable_mixed_chunk", "device", "model_path",
+               "revision", "trust_remote_code", "speculative_draft_model_path", "enable_return_aux_hidden_states",
+               *BACKEND_FIELDS, *REFUSAL_FIELDS)
+
+
+def missing_fields() -> str | None:
+    from sglang.srt.arg_groups.arg_utils import field_names
+    from sglang.srt.server_args import ServerArgs
+
+    missing = sorted(set(USED_FIELDS) - set(field_names(ServerArgs)))
+    return f"{SERVER_ARGS} lacks the fields {missing}" if missing else None
+
+
+def bookkeeping_pickles() -> str | None:
+    """Our attributes reach the scheduler only because ServerArgs pickles its __dict__ (its own __reduce__)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return None if "__reduce__" in vars(ServerArgs) else f"{SERVER_ARGS}.__reduce__ is gone (bookkeeping pickling)"
+
+
+CLI_FLAGS = Patch("dspark.cli_flags", f"{SERVER_ARGS}.add_cli_args", "staticmethod", ("parser",), _add_cli_args)
+CLI_VALUES = Patch("dspark.cli_values", f"{SERVER_ARGS}.from_cli_args", "classmethod", ("cls", "args"),
+                   _from_cli_args, requires=bookkeeping_pickles)
+RESOLVE = Patch("dspark.resolve", f"{SERVER_ARGS}.resolve_once", "method", ("self",), _resolve_once,
+                requires=missing_fields)
+PATCHES = (CLI_FLAGS, CLI_VALUES, RESOLVE)

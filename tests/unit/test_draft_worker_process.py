@@ -1,0 +1,275 @@
+"""The draft-worker process: drafts exactly as the in-process engine (greedy and seeded sampling), fails fast and
+restarts when killed or stalled (stale context is never drafted from), and leaves no process, socket or
+shared-memory file behind after close() or after its parent dies."""
+
+import glob
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorkerUnavailable
+from sgl_dspark.draft_worker.local import LocalDraftClient
+from sgl_dspark.draft_worker.messages import Ack, Error, Init, Ping, Pong, Propose, Shutdown, TensorRef
+from sgl_dspark.draft_worker.process import Worker, load_target_weights
+from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings, arena_sizes
+from sgl_dspark.drafter import DraftKnobs, TargetSpec, load_drafter, save_drafter
+from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.sampling import SamplingParams
+
+KNOBS = DraftKnobs(tree_width=2, branch_threshold=0.6)
+NUM_SLOTS = 64
+SEED = 5
+GREEDY, WARM, TOPK = SamplingParams(0.0), SamplingParams(0.8), SamplingParams(1.0, top_k=10)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """(drafter folder, target folder with untied embed / lm_head, TargetSpec)."""
+    root = tmp_path_factory.mktemp("dw")
+    drafter, spec = random_drafter(tiny_hf_config(), seed=1)
+    save_drafter(drafter, root / "drafter")
+    (root / "target").mkdir()
+    save_file({"model.embed_tokens.weight": drafter.target.embed, "lm_head.weight": drafter.target.lm_head},
+              str(root / "target" / "model.safetensors"))
+    return str(root / "drafter"), str(root / "target"), spec
+
+
+@pytest.fixture(scope="module")
+def run_dir():
+    path = tempfile.mkdtemp(prefix="dspark-t-", dir="/tmp")  # short: a Unix socket path holds <= 107 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def one_thread():
+    """The worker runs one torch thread; the local reference does too, so float reductions agree bit for bit."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def settings(folders, run_dir, **overrides):
+    drafter_path, target_path, spec = folders
+    fields = dict(drafter_path=drafter_path, target_path=target_path, target=spec, knobs=KNOBS, num_slots=NUM_SLOTS,
+                  run_dir=run_dir, seed=SEED, max_step_tokens=4, max_batch=1, propose_timeout_s=2.0,
+                  restart_backoff_s=(0.0, 0.1))
+    return WorkerSettings(**(fields | overrides))
+
+
+def local_client(folders):
+    drafter_path, target_path, spec = folders
+    drafter = load_drafter(drafter_path, spec, load_target_weights(target_path))
+    return LocalDraftClient(drafter, KNOBS, NUM_SLOTS, SEED)
+
+
+def context(lengths=(5, 3, 7), seed=0):
+    """Per request: a ContextUpdate at its own slots, and its slot ids."""
+    g = torch.Generator().manual_seed(seed)
+    updates, start = [], 0
+    for n in lengths:
+        slots = torch.arange(start, start + n) * 3 % NUM_SLOTS  # scattered, distinct slots
+        updates.append(ContextUpdate(slots, torch.arange(n), torch.randn(n, 64, generator=g)))
+        start += n
+    return updates
+
+
+def batch(updates, sampling, anchors=(7, 11, 23)):
+    n = len(updates)
+    return DraftBatch(tuple(u.slots for u in updates), torch.tensor(anchors[:n]),
+                      torch.tensor([u.slots.numel() for u in updates]), sampling[:n])
+
+
+def assert_same_trees(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        torch.testing.assert_close(a.confidence, b.confidence, rtol=0, atol=0)
+        assert (a.draft_probs is None) == (b.draft_probs is None)
+        if a.draft_probs is not None:
+            torch.testing.assert_close(a.draft_probs, b.draft_probs, rtol=0, atol=0)
+
+
+def shm_files():
+    return set(glob.glob(f"/dev/shm/sgl_dspark_{os.getpid()}_*"))
+
+
+def wait_until_served(client, b, deadline_s=20.0):
+    """Propose until the restarted worker answers (DraftWorkerUnavailable meanwhile)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return client.propose(b)
+        except DraftWorkerUnavailable:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def gone(pid):
+    """Exited (a zombie counts: the container's init may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid, deadline_s=5.0):
+    end = time.monotonic() + deadline_s
+    while not gone(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return gone(pid)
+
+
+def sockets(run_dir):
+    return set(glob.glob(os.path.join(run_dir, "*.sock")))
+
+
+def live_children():
+    """Pids of this process's children that have not exited (from /proc: state and ppid follow the name)."""
+    out = set()
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == os.getpid() and state != "Z":
+            out.add(int(stat.split("/")[2]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def remote(folders, run_dir):
+    client = ProcessDraftClient(settings(folders, run_dir))
+    yield client
+    client.close()
+
+
+def test_load_target_weights_tied_and_untied(tmp_path):
+    embed, head = torch.randn(10, 4), torch.randn(10, 4)
+    save_file({"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(4)},
+              str(tmp_path / "a.safetensors"))
+    tied = load_target_weights(tmp_path)
+    assert torch.equal(tied.embed, embed) and tied.lm_head is tied.embed
+    save_file({"lm_head.weight": head}, str(tmp_path / "b.safetensors"))
+    untied = load_target_weights(tmp_path, torch.bfloat16)
+    assert torch.equal(untied.lm_head, head.bfloat16()) and untied.embed.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("sampling", [(GREEDY, GREEDY, GREEDY), (WARM, GREEDY, TOPK)], ids=["greedy", "sampled"])
+def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling):
+    local = local_client(folders)
+    for u in context():
+        local.write_context(u)
+        remote.write_context(u)
+    b = batch(context(), sampling)
+    for _ in range(2):  # the second step checks that both generators advanced alike
+        assert_same_trees(remote.propose(b), local.propose(b))
+    initial = arena_sizes(remote.settings)
+    assert remote.requests.arena.size > initial[0] and remote.replies.arena.size > initial[1]  # both grew
+    assert remote.generation == 0 and remote.stale_requests(b) == []
+
+
+def test_killed_worker_fails_fast_restarts_and_drafts_again_after_rewrite(folders, run_dir, one_thread, caplog):
+    client = ProcessDraftClient(settings(folders, run_dir))
+    try:
+        updates = context()
+        for u in updates:
+            client.write_context(u)
+        b = batch(updates, (WARM, GREEDY, TOPK))
+        client.propose(b)
+        first = client.pid
+        os.kill(first, signal.SIGKILL)
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING), pytest.raises(DraftWorkerUnavailable, match="died"):
+            client.propose(b)
+        assert time.monotonic() - start < 1.5  # a dead process is noticed long before the deadline
+        warned = [r.message for r in caplog.records if "died/stalled" in r.message]
+        assert len(warned) == 1 and "serving without speculation; restarting" in warned[0] and not client.pid
+        stale = wait_until_served(client, b)  # the new worker never drafts from pre-restart context
+        assert client.generation == 1 and client.pid != first
+        assert [t.size for t in stale] == [1, 1, 1] and stale[1].draft_probs is None
+        assert torch.equal(stale[0].draft_probs, torch.zeros(1, 50))
+        assert client.stale_requests(b) == [0, 1, 2]
+        client.write_context(updates[1])  # rewrite one (greedy: no draw from the reseeded generator)
+        assert client.stale_requests(b) == [0, 2]
+        assert [t.size > 1 for t in client.propose(b)] == [False, True, False]
+        local = local_client(folders)
+        for u in updates:
+            local.write_context(u)
+            client.write_context(u)
+        assert_same_trees(client.propose(b), local.propose(b))
+    finally:
+        client.close()
+
+
+def test_stalled_worker_times_out_and_close_mid_restart_leaves_nothing(folders, run_dir):
+    baseline = shm_files(), sockets(run_dir), live_children()
+    client = ProcessDraftClient(settings(folders, run_dir, propose_timeout_s=1.0, restart_backoff_s=(0.3, 0.3)))
+    updates = context()
+    for u in updates:
+        client.write_context(u)
+    b = batch(updates, (GREEDY, GREEDY, GREEDY))
+    stalled = client.pid
+    os.kill(stalled, signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(DraftWorkerUnavailable, match="within 1 s"):
+        client.propose(b)
+    assert 1.0 <= time.monotonic() - start < 3.0 and gone(stalled)  # the stalled process was killed
+    with pytest.raises(DraftWorkerUnavailable, match="restarting"):
+        client.write_context(updates[0])
+    time.sleep(0.5)  # the restart is under way now: close() must stop it too
+    client.close()
+    client.close()  # idempotent
+    assert not client.available and (shm_files(), sockets(run_dir), live_children()) == baseline
+
+
+ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
+    from sgl_dspark.drafter import DraftKnobs, TargetSpec
+    drafter, target, run_dir = sys.argv[1:4]
+    client = ProcessDraftClient(WorkerSettings(drafter, target, TargetSpec(32, 50, 6), DraftKnobs(), 64, run_dir))
+    print(client.pid, client.requests.path, client.replies.path, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_worker_exits_and_cleans_up_when_its_parent_dies(folders, run_dir):
+    drafter_path, target_path, _ = folders
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, drafter_path, target_path, run_dir],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        worker, *arenas = parent.stdout.readline().split()
+        assert all(os.path.exists(a) for a in arenas)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert wait_gone(int(worker))
+    assert not any(os.path.exists(a) for a in arenas)
+    assert not glob.glob(os.path.join(run_dir, f"dspark-draft-{parent.pid}-*"))
+
+
+def test_worker_answers_errors_in_process(folders):
+    """In-process: a request before Init and an Init that does not fit the target come back as one-line Errors."""
+    drafter_path, target_path, spec = folders
+    worker = Worker(channel=None, parent_pid=os.getppid())
+    ref = TensorRef("/nonexistent", 0, (0,), "int64")
+    assert "Init must come first" in worker.answer(Propose(ref, (), ref, ref, (), "/nonexistent")).message
+    bad = Init(drafter_path, target_path, TargetSpec(64, 50, 6), KNOBS, NUM_SLOTS, SEED, "float32", 1, ())
+    error = worker.answer(bad)
+    assert isinstance(error, Error) and "hidden_size" in error.message and "\n" not in error.message
+    assert worker.answer(Ping()) == Pong(os.getpid()) and worker.answer(Shutdown()) == Ack() and not worker.running
