@@ -38,6 +38,7 @@ class DSparkConfig:
     calibration: str | None  # STS temperatures JSON (sgl_dspark.calibration); None: raw confidences
     draft_vocab: str | None  # reduced draft vocabulary file; None: the target's full vocabulary
     lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
+    draft_process: bool  # draft in a separate worker process (true) or in the scheduler process (false)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -113,6 +114,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "calibration": (_optional(_is_path), "null or a non-empty path"),
     "draft_vocab": (_optional(_is_path), "null or a non-empty path"),
     "lookup": (lambda v: isinstance(v, bool), "true | false"),
+    "draft_process": (lambda v: isinstance(v, bool), "true | false"),
 }
 KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
 assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"

@@ -5,15 +5,15 @@ feature capture, the draft client, the step-cost table and the verify scheduler.
 """
 
 import json
+import tempfile
 from dataclasses import dataclass
-
-import torch
+from pathlib import Path
 
 from sgl_dspark.calibration import load_calibration
-from sgl_dspark.config import DSparkConfig, config_from_flags
+from sgl_dspark.config import DSparkConfig
 from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
 from sgl_dspark.draft_worker.client import DraftClient
-from sgl_dspark.drafter import DSparkDrafter, TargetSpec, TargetWeights, load_drafter
+from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, parse_drafter_config
 from sgl_dspark.scheduler import Scheduler, make_scheduler
 
 # Before a table is profiled, the step cost grows ~8% per verified token (measured on CPU: verifying 8 tokens
@@ -26,22 +26,42 @@ PRIOR_STEP_S = 0.07
 @dataclass(frozen=True)
 class WorkerSetup:
     config: DSparkConfig
-    drafter: DSparkDrafter
+    drafter_path: str
+    drafter_config: DrafterConfig
+    target_path: str
+    target: TargetSpec
+    target_weights: TargetWeights  # the running target's own tensors (used only by the in-process client)
     scheduler: Scheduler
     max_verify_tokens: int  # root + most draft nodes one request can verify in a step
 
     def make_client(self, num_slots: int, seed: int) -> DraftClient:
-        from sgl_dspark.draft_worker.local import LocalDraftClient
+        """The draft worker process (or, with draft_process=false, an in-process drafter)."""
+        if not self.config.draft_process:
+            from sgl_dspark.draft_worker.local import LocalDraftClient
+            from sgl_dspark.drafter import load_drafter
 
-        return LocalDraftClient(self.drafter, self.draft_knobs(), num_slots, seed)
+            drafter = load_drafter(self.drafter_path, self.target, self.target_weights)
+            return LocalDraftClient(drafter, self.draft_knobs(), num_slots, seed)
+        from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
+
+        run_dir = tempfile.mkdtemp(prefix="dspark-")  # short: a Unix socket path holds at most 107 bytes
+        return ProcessDraftClient(WorkerSettings(self.drafter_path, self.target_path, self.target,
+                                                 self.draft_knobs(), num_slots, run_dir, seed=seed))
 
     def draft_knobs(self):
         temps = () if self.config.calibration is None else tuple(load_calibration(self.config.calibration).temperatures.tolist())
         return self.config.draft_knobs(temps)
 
 
-def dspark_config(server_args) -> DSparkConfig:
-    return config_from_flags(getattr(server_args, "dspark_flags", None) or {})
+def read_drafter_config(path: str, target: TargetSpec) -> DrafterConfig:
+    """The drafter checkpoint's config, checked against the target; one-line ValueError naming the cause."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"drafter checkpoint {path!r} has no config.json (set --speculative-draft-model-path "
+                         f"to a DSpark drafter folder)")
+    config = parse_drafter_config(json.loads(config_file.read_text()))
+    check_fits_target(config, target)
+    return config
 
 
 def prior_cost_table() -> StepCostTable:
@@ -73,14 +93,12 @@ def max_verify_tokens(config: DSparkConfig, gamma: int) -> int:
     return 1 + nodes
 
 
-def build_setup(server_args, model_runner) -> WorkerSetup:
-    config = dspark_config(server_args)
-    hf_config = model_runner.model_config.hf_config.to_dict()
-    target = TargetSpec.from_hf_config(hf_config)
+def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
+    target = TargetSpec.from_hf_config(model_runner.model_config.hf_config.to_dict())
+    drafter_path = server_args.speculative_draft_model_path
+    drafter_config = read_drafter_config(drafter_path, target)
     model = model_runner.model
-    drafter = load_drafter(server_args.speculative_draft_model_path, target, target_weights(model),
-                           dtype=torch.float32)
-    capture_target_features(model, drafter.config.target_layer_ids, target.num_hidden_layers)
+    capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
     table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
-    return WorkerSetup(config, drafter, make_scheduler(config, table),
-                       max_verify_tokens(config, drafter.config.gamma))
+    return WorkerSetup(config, drafter_path, drafter_config, server_args.model_path, target, target_weights(model),
+                       make_scheduler(config, table), max_verify_tokens(config, drafter_config.gamma))

@@ -58,7 +58,9 @@ class DSparkWorker(BaseSpecWorker):
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = self.model_runner.device
-        self.setup: WorkerSetup = build_setup(server_args, self.model_runner)
+        from scheduler_patch.server_args import launch_of
+
+        self.setup: WorkerSetup = build_setup(launch_of(server_args).config, server_args, self.model_runner)
         self.stride = self.setup.max_verify_tokens  # padded row width of the flattened output
         self.speculative_num_draft_tokens = self.stride
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
