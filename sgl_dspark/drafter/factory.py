@@ -51,7 +51,8 @@ def random_drafter(hf_config: dict[str, Any], seed: int = 0,
 
 
 def hf_config_for_target(target: dict[str, Any], num_layers: int = 2, gamma: int = 7,
-                         layer_ids: tuple[int, ...] | None = None, markov_rank: int = 64) -> dict[str, Any]:
+                         layer_ids: tuple[int, ...] | None = None, markov_rank: int = 64,
+                         draft_vocab_size: int | None = None) -> dict[str, Any]:
     """A drafter config.json dict shaped for a Llama/Qwen-style target's config dict (same width and heads)."""
     n = int(target["num_hidden_layers"])
     ids = list(layer_ids or sorted({1, n // 4, n // 2, 3 * n // 4, n - 2}))
@@ -61,7 +62,8 @@ def hf_config_for_target(target: dict[str, Any], num_layers: int = 2, gamma: int
         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=target["num_key_value_heads"],
         head_dim=target.get("head_dim") or target["hidden_size"] // heads, vocab_size=target["vocab_size"],
         rms_norm_eps=target.get("rms_norm_eps", 1e-6), block_size=gamma, target_layer_ids=ids, num_target_layers=n,
-        mask_token_id=int(target["vocab_size"]) - 1, markov_rank=markov_rank)
+        mask_token_id=int(target["vocab_size"]) - 1, markov_rank=markov_rank,
+        **({} if draft_vocab_size is None else {"draft_vocab_size": draft_vocab_size}))
 
 
 def save_random_drafter_for(target_dir: str, out_dir: str, seed: int = 0, **shape: Any) -> str:
