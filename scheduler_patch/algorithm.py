@@ -9,7 +9,7 @@ arguments (server_args.py) or run the algorithm (sgl_dspark.worker).
 import logging
 import types
 
-from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+from sglang.srt.speculative.spec_info import CustomSpecAlgo  # re-exported; spec_registry is internal
 
 from scheduler_patch.patches import Patch
 

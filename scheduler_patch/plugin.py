@@ -10,12 +10,12 @@ import os
 import sys
 
 import sgl_dspark
-from scheduler_patch import algorithm, errors, server_args
+from scheduler_patch import algorithm, errors, metrics, server_args
 from scheduler_patch.backends import register_attention_backends
 from scheduler_patch.patches import PatchDriftError, apply_all
 
 ANNOUNCE = "sgl-dspark plugin loaded"
-PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES)
+PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES, *metrics.PATCHES)
 
 
 def process_role() -> str:

@@ -34,6 +34,7 @@ DEFAULT_BACKENDS = {"cpu": TORCH_BACKEND, "cuda": FLASHINFER_BACKEND}  # tree ve
 BACKEND_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 PATH_KNOBS = ("cost_table", "calibration", "draft_vocab")
 FLAG_DESTS = tuple(cli_flag(k)[2:].replace("-", "_") for k in (PRESET_KNOB, *KNOBS))
+BUILTIN_PREFIX = "speculative_dspark_"  # SGLang's own fields for its builtin DSPARK share our flag prefix
 logger = logging.getLogger(__name__)
 
 
@@ -85,6 +86,7 @@ def prepare(record: Any) -> DSparkLaunch:
     cfg = resolving_view(record)
     config = _config(getattr(record, FLAGS_ATTR, None) or {})
     _refuse_unsupported(cfg)
+    _refuse_builtin_flags(cfg)
     device = _device(cfg)
     root = _drafter_dir(cfg.speculative_draft_model_path)
     drafter = _drafter(root, _target(cfg))
@@ -115,6 +117,17 @@ def _refuse_unsupported(cfg: Any) -> None:
         if refusal.applies(cfg):
             raise StartupError(f"{refusal.flag} is not supported with --speculative-algorithm DSPARK (sgl-dspark): "
                                f"{refusal.why}")
+
+
+def _refuse_builtin_flags(cfg: Any) -> None:
+    """The builtin DSPARK's own `--speculative-dspark-*` fields would be silently ignored; refuse them instead."""
+    import msgspec
+    from sglang.srt.server_args import ServerArgs
+
+    for field in msgspec.structs.fields(ServerArgs):
+        if field.name.startswith(BUILTIN_PREFIX) and getattr(cfg, field.name) != field.default:
+            raise StartupError(f"{_flag(field.name)} belongs to SGLang's builtin DSPARK; sgl-dspark's knobs are "
+                               f"the --speculative-dspark-* flags listed under 'DSpark (sgl-dspark plugin)' in --help")
 
 
 def _device(cfg: Any) -> str:
@@ -267,6 +280,15 @@ def missing_fields() -> str | None:
     return f"{SERVER_ARGS} lacks the fields {missing}" if missing else None
 
 
+def flag_clash() -> str | None:
+    """Our flags share the builtin's `--speculative-dspark-` prefix; a new upstream field must not take a name."""
+    from sglang.srt.arg_groups.arg_utils import field_names
+    from sglang.srt.server_args import ServerArgs
+
+    clash = sorted(set(FLAG_DESTS) & set(field_names(ServerArgs)))
+    return f"{SERVER_ARGS} now has fields named like our flags: {clash}" if clash else None
+
+
 def bookkeeping_pickles() -> str | None:
     """Our attributes reach the scheduler only because ServerArgs pickles its __dict__ (its own __reduce__)."""
     from sglang.srt.server_args import ServerArgs
@@ -274,7 +296,8 @@ def bookkeeping_pickles() -> str | None:
     return None if "__reduce__" in vars(ServerArgs) else f"{SERVER_ARGS}.__reduce__ is gone (bookkeeping pickling)"
 
 
-CLI_FLAGS = Patch("dspark.cli_flags", f"{SERVER_ARGS}.add_cli_args", "staticmethod", ("parser",), _add_cli_args)
+CLI_FLAGS = Patch("dspark.cli_flags", f"{SERVER_ARGS}.add_cli_args", "staticmethod", ("parser",), _add_cli_args,
+                  requires=flag_clash)
 CLI_VALUES = Patch("dspark.cli_values", f"{SERVER_ARGS}.from_cli_args", "classmethod", ("cls", "args"),
                    _from_cli_args, requires=bookkeeping_pickles)
 RESOLVE = Patch("dspark.resolve", f"{SERVER_ARGS}.resolve_once", "method", ("self",), _resolve_once,

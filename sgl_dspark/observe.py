@@ -1,12 +1,19 @@
-"""Observability of the DSpark worker: per-step statistics, the periodic decode log line, failure counts.
+"""Observability of the DSpark worker: per-step statistics, the periodic decode log line, DSpark's own Prometheus
+series, and the per-request counts SGLang carries from the scheduler to the tokenizer (and what they mean there).
 
-Owns only counting and reporting; must not change what the worker does.
+Owns only counting and reporting; must not change what the worker does. Imports no SGLang: the seam that reads
+these counts inside SGLang is scheduler_patch/metrics.py.
 """
 
 import logging
 from dataclasses import dataclass, field
 
+import torch
+
 logger = logging.getLogger("sgl_dspark")
+
+# Prometheus bucket edges for per-request lengths (draft tokens verified; tokens accepted, bonus included).
+LENGTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
@@ -19,6 +26,60 @@ class StepStats:
     commit_s: float  # acceptance + KV commit wall time
 
 
+# -- per-request counts: worker -> SGLang's GenerationBatchResult -> Req -> tokenizer meta_info ---------------
+
+def result_counts(drafted: list[int], verify_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GenerationBatchResult's (cap_lens, block_accept_lens) for one decode step, both [bs] int32.
+
+    cap_lens is the verify window (root included: SGLang's cap-length convention, "incl the bonus slot"), so
+    SGLang's `spec_cap_length` means the same for DSPARK as for its builtin; block_accept_lens carries the draft
+    length before scheduling (SGLang shows it only in a ragged-verify mode we never run). SGLang sums both onto
+    each request (spec_num_cap_tokens, spec_num_block_accept_tokens) and ships them to the tokenizer.
+    """
+    return verify_rows.to(torch.int32), torch.tensor(drafted, dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """One request's speculative sums over its verify steps, as the tokenizer receives them."""
+
+    verify_ct: int  # verify steps
+    completion_tokens: int  # output tokens (SGLang counts the prefill's token too)
+    correct_drafts: int  # accepted draft tokens, bonus excluded
+    window_tokens: int  # verify windows, root included (spec_num_cap_tokens)
+    drafted_tokens: int  # draft lengths before scheduling (spec_num_block_accept_tokens)
+
+    @property
+    def verified_drafts(self) -> int:
+        return self.window_tokens - self.verify_ct
+
+
+def accept_rate(correct_drafts: float, verified_drafts: float) -> float:
+    """Accepted drafts / verified drafts: the rate that stays right when the verify length varies per step."""
+    return correct_drafts / verified_drafts if verified_drafts > 0 else 0.0
+
+
+def request_meta(c: RequestCounts) -> dict[str, float | int]:
+    """DSPARK's meta_info spec_* values for one finished request (c.verify_ct > 0).
+
+    spec_accept_length keeps SGLang's definition for every algorithm (completion_tokens / verify steps), so
+    DSPARK compares with the builtins; spec_num_proposed_drafts is the verified count, keeping SGLang's identity
+    spec_accept_rate = spec_num_correct_drafts / spec_num_proposed_drafts.
+    """
+    steps = c.verify_ct
+    return {
+        "spec_verify_ct": steps,
+        "spec_accept_length": c.completion_tokens / steps,
+        "spec_mean_draft_length": c.drafted_tokens / steps,
+        "spec_mean_verify_length": c.verified_drafts / steps,
+        "spec_accept_rate": accept_rate(c.correct_drafts, c.verified_drafts),
+        "spec_num_correct_drafts": c.correct_drafts,
+        "spec_num_proposed_drafts": c.verified_drafts,
+    }
+
+
+# -- the worker's own reporting: the periodic log line and the Prometheus series --------------------------------
+
 @dataclass
 class Totals:
     steps: int = 0
@@ -26,6 +87,7 @@ class Totals:
     drafted: int = 0
     verified: int = 0
     accepted: int = 0
+    draft_failures: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
     commit_s: float = 0.0
@@ -41,32 +103,70 @@ class Totals:
         self.commit_s += s.commit_s
 
     def line(self) -> str:
+        """Per request-step means (accept_len is tau, bonus included) and per-step milliseconds of each phase."""
         n = max(self.requests, 1)
-        correct = self.accepted - self.requests
-        rate = correct / self.verified if self.verified else 0.0
+        rate = accept_rate(self.accepted - self.requests, self.verified)
         ms = 1000.0 / max(self.steps, 1)
         return (f"DSpark decode: steps={self.steps} accept_len={self.accepted / n:.2f} "
                 f"draft_len={self.drafted / n:.2f} verify_len={self.verified / n:.2f} accept_rate={rate:.2f} "
                 f"draft_ms={self.draft_s * ms:.1f} verify_ms={self.verify_s * ms:.1f} "
-                f"commit_ms={self.commit_s * ms:.1f}")
+                f"commit_ms={self.commit_s * ms:.1f} draft_failures={self.draft_failures}")
+
+
+class Series:
+    """DSpark's series on SGLang's /metrics. The worker runs in SGLang's scheduler process, which inherits the
+    prometheus multiprocess directory SGLang's HTTP server collects from; so the series are not registered in
+    this process's registry (registry=None), they are written to that directory."""
+
+    def __init__(self, labels: dict[str, str], registry=None):
+        from prometheus_client import Counter, Histogram
+
+        names = tuple(labels)
+        self.verify_length = Histogram(
+            "sglang:dspark_verify_length", "DSPARK draft tokens verified per request per step",
+            names, buckets=LENGTH_BUCKETS, registry=registry).labels(**labels)
+        self.accept_length = Histogram(
+            "sglang:dspark_accept_length", "DSPARK tokens accepted per request per step (bonus included)",
+            names, buckets=LENGTH_BUCKETS, registry=registry).labels(**labels)
+        self.draft_failures = Counter(
+            "sglang:dspark_draft_worker_failures", "DSPARK steps that found the draft worker unavailable",
+            names, registry=registry).labels(**labels)
+
+    def observe(self, s: StepStats) -> None:
+        for rows, tau in zip(s.verified, s.accepted):
+            self.verify_length.observe(rows - 1)
+            self.accept_length.observe(tau)
 
 
 @dataclass
 class WorkerMetrics:
-    log_interval: int = 40
+    log_interval: int = 40  # decode steps per log line: SGLang's --decode-log-interval
     window: Totals = field(default_factory=Totals)
     draft_failures: int = 0
+    series: Series | None = None  # only with --enable-metrics
 
     @staticmethod
     def from_server_args(server_args) -> "WorkerMetrics":
-        return WorkerMetrics(log_interval=int(getattr(server_args, "decode_log_interval", 40) or 40))
+        series = None
+        if getattr(server_args, "enable_metrics", False):
+            name = getattr(server_args, "served_model_name", None) or server_args.model_path
+            series = Series({"model_name": str(name)})
+        return WorkerMetrics(log_interval=int(getattr(server_args, "decode_log_interval", 40) or 40), series=series)
 
     def observe(self, stats: StepStats) -> None:
         self.window.add(stats)
+        if self.series is not None:
+            self.series.observe(stats)
         if self.window.steps >= self.log_interval:
             logger.info(self.window.line())
             self.window = Totals()
 
     def draft_worker_failed(self) -> None:
+        """Counted every time; warned once per log window so a dead draft worker does not flood the log."""
         self.draft_failures += 1
-        logger.warning("draft worker unavailable: this step decodes without speculation")
+        self.window.draft_failures += 1
+        if self.series is not None:
+            self.series.draft_failures.inc()
+        if self.window.draft_failures == 1:
+            logger.warning("draft worker unavailable: decoding without speculation while it is (%d failures so far)",
+                           self.draft_failures)

@@ -1,4 +1,4 @@
-"""The SGLang seam: named patches (idempotent, undoable, refusing drift), the DSPARK name, the flags, the launch plan."""
+"""The SGLang seam: named patches (idempotent, undoable, refusing drift), the DSPARK name, flags, launch plan."""
 
 import argparse
 import json
@@ -117,6 +117,7 @@ def test_every_plugin_patch_fits_the_pinned_sglang():
         patch.check()
     assert algorithm.undecided_methods() is None
     assert dspark_args.missing_fields() is None and dspark_args.bookkeeping_pickles() is None
+    assert dspark_args.flag_clash() is None
 
 
 def test_from_string_returns_our_spec_after_apply_and_the_builtin_after_undo():
@@ -248,6 +249,7 @@ def test_our_handle_server_args_redeclares_through_sglangs_recorder(target, draf
     ("fits", None, {"enable_lora": True}, "--enable-lora / --lora-paths is not supported"),
     ("fits", None, {"attention_backend": "torch_native"}, "--attention-backend torch_native: DSPARK on CPU"),
     ("fits", None, {"speculative_num_draft_tokens": 3}, "--speculative-num-draft-tokens 3 conflicts"),
+    ("fits", None, {"speculative_dspark_sps_table_path": "t.json"}, "--speculative-dspark-sps-table-path belongs to"),
 ])
 def test_prepare_refuses_with_one_line_naming_the_cause(target, drafters, drafter, flags, fields, cause):
     path = drafters.get(drafter, drafter)
