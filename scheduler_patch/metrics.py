@@ -9,6 +9,7 @@ verified drafts. Builtin algorithms are untouched. Must not count anything itsel
 """
 
 import inspect
+import pkgutil
 
 from sgl_dspark.observe import RequestCounts, accept_rate, request_meta
 
@@ -36,11 +37,14 @@ def names_dspark(algorithm) -> bool:
 # -- dspark.spec_meta_info: the tokenizer's per-request meta_info -----------------------------------------------
 
 def request_counts(recv_obj, i: int) -> RequestCounts | None:
-    """Request i's sums from a BatchStrOutput / BatchTokenIDOutput, or None when it has no verify step."""
+    """Request i's sums from a BatchStrOutput / BatchTokenIDOutput, or None when it has no verify step or the
+    worker shipped no windows (each window holds its root, so the windows sum to at least the steps)."""
     lists = [getattr(recv_obj, name, None) for name in CARRIED]
-    if any(values is None or len(values) <= i for values in lists) or lists[0][i] <= 0:
+    if any(values is None or len(values) <= i for values in lists):
         return None
     verify_ct, correct, window, drafted = (int(values[i]) for values in lists)
+    if verify_ct <= 0 or window < verify_ct:
+        return None
     return RequestCounts(verify_ct, int(recv_obj.completion_tokens[i]), correct, window, drafted)
 
 
@@ -83,7 +87,7 @@ def correct_drafts_in_sglang_units(correct: int, window_tokens: int, steps: int,
 
 def _report_decode_stats(original, self, *args, **kwargs):
     """On a log tick, restate this window's correct-draft count (read only by the rate, reset right after)."""
-    if (names_dspark(self.scheduler.spec_algorithm) and self.spec_num_forward_ct > 0
+    if (names_dspark(self.scheduler.spec_algorithm) and 0 < self.spec_num_forward_ct <= self.spec_num_cap_tokens
             and self.forward_ct_decode % self.decode_log_interval == 0):
         from sglang.srt.managers.scheduler_components import metrics_reporter
 
@@ -98,8 +102,6 @@ def _rate_formula_unchanged() -> str | None:
 
 
 def _source_lacks(target: str, snippets: tuple[str, ...]) -> str | None:
-    import pkgutil
-
     source = " ".join(inspect.getsource(pkgutil.resolve_name(target)).split())
     missing = [s for s in snippets if s not in source]
     return f"{target} no longer contains {missing}" if missing else None

@@ -11,7 +11,8 @@ import time
 import requests
 
 from sgl_dspark.models import PrepareError, prepare
-from sgl_dspark.server import ServerError, ServerSpec, serving
+from scheduler_patch.backends import TORCH_BACKEND
+from sgl_dspark.server import ServerError, ServerSpec, has_cuda, serving
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a one-line docstring."
 
@@ -47,10 +48,33 @@ def spec_summary(meta: dict) -> str:
     return ", ".join(f"{k}={meta[k]:.3g}" if isinstance(meta[k], float) else f"{k}={meta[k]}" for k in keys)
 
 
+def default_drafter(model_path: str) -> str:
+    """The drafter the demo uses when none is given: a seeded random-weight one (no trained drafter ships yet),
+    cached beside the model. It is lossless like any drafter; only its acceptance is low."""
+    from pathlib import Path
+
+    from sgl_dspark.drafter.factory import save_random_drafter_for
+
+    out = Path(model_path).parent.parent / "drafters" / "random-smollm2-135m"
+    if not (out / "config.json").is_file():
+        save_random_drafter_for(model_path, str(out), seed=0, num_layers=1, draft_vocab_size=4096)
+    return str(out)
+
+
+def speculative_flags(args: argparse.Namespace, model_path: str) -> tuple[str, ...]:
+    if args.speculative_algorithm == "NONE":
+        return ()
+    flags = ["--speculative-algorithm", args.speculative_algorithm, *args.speculative_args]
+    if args.speculative_algorithm == "DSPARK" and "--speculative-draft-model-path" not in flags:
+        flags += ["--speculative-draft-model-path", default_drafter(model_path)]
+    if args.speculative_algorithm == "NGRAM" and not has_cuda() and "--attention-backend" not in flags:
+        flags += ["--attention-backend", TORCH_BACKEND]  # SGLang's torch_native cannot verify; ours can
+    return tuple(flags)
+
+
 def run(args: argparse.Namespace) -> None:
     model = prepare(args.dtype)
-    spec_args = () if args.speculative_algorithm == "NONE" else (
-        "--speculative-algorithm", args.speculative_algorithm, *args.speculative_args)
+    spec_args = speculative_flags(args, str(model.path))
     spec = ServerSpec(str(model.path), port=args.port, dtype=args.dtype, speculative_args=tuple(spec_args))
     print(f"model: {model.path}\nserver: {' '.join(spec.command()[1:])}", flush=True)
     with serving(spec) as server:
@@ -67,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sgl_dspark.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--speculative-algorithm", default="NONE", help="NONE, NGRAM or DSPARK")
+    parser.add_argument("--speculative-algorithm", default="DSPARK", help="DSPARK (default), NGRAM or NONE")
     parser.add_argument("--speculative-args", nargs=argparse.REMAINDER, default=[],
                         help="further --speculative-* flags passed to the server, e.g. a draft model path")
     parser.add_argument("--port", type=int, default=30000)

@@ -10,8 +10,10 @@ at any parent the drafter's (sampled) children are tried first by the multi-cand
 node's row is only right if whether it is verified never depends on its own token (scheduler.py), so for a
 sampled tree (draft_probs given) the lookup branches hang off the root untouched by the drafter's tokens until
 the scheduler has chosen; `Grafted.select` then folds each lookup node into a verified earlier sibling with
-the same token. A greedy tree (draft_probs None) is verified by argmax, so chains merge into drafter nodes
-before planning, where the scheduler sees the shared prefix.
+the same token (tests/unit/test_lookup.py shows merging first biases the output). For the same reason the
+lookup's node budget is a constant, never what the drafter's tree left over. A greedy tree (draft_probs None)
+is verified by argmax, so there chains merge into drafter nodes before planning and the scheduler sees the
+shared prefix.
 """
 
 from collections.abc import Sequence

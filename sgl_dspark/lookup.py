@@ -73,16 +73,15 @@ class LookupIndex:
         return len(self.tokens)
 
     def append(self, tokens: Iterable[int]) -> None:
-        for token in tokens:
-            self.tokens.append(int(token))
-            start = len(self.tokens) - 1  # the n-grams just before this token now have a continuation
-            for i, n in enumerate(self.knobs.sizes):
-                if start < n:
-                    self.prev[i].append(-1)
-                    continue
-                key = tuple(self.tokens[start - n:start])
-                self.prev[i].append(self.last[i].get(key, -1))
-                self.last[i][key] = start
+        old = len(self.tokens)
+        self.tokens.extend(int(t) for t in tokens)
+        toks, size = self.tokens, len(self.tokens)
+        for i, n in enumerate(self.knobs.sizes):  # each new token is the start of the n-gram just before it
+            last, prev, first = self.last[i], self.prev[i], min(max(old, n), size)
+            prev.extend([-1] * (first - old))  # no n-gram fits before these starts
+            for start, key in enumerate(zip(*(toks[first - n + j:size - n + j] for j in range(n))), first):
+                prev.append(last.get(key, -1))
+                last[key] = start
 
     def propose(self) -> list[Candidate]:
         """Distinct chains, longest suffix first, most recent occurrence first; at most `width`."""
@@ -94,10 +93,11 @@ class LookupIndex:
             for _ in range(k.probe):
                 if start < 0 or len(out) == k.width:
                     break
-                chain = self.continuation(start)
-                if start not in seen and all(c.tokens != chain for c in out):
-                    out.append(Candidate(chain, n, len(out)))
-                seen.add(start)
+                if start not in seen:  # a longer suffix already matched here
+                    seen.add(start)
+                    chain = self.continuation(start)
+                    if all(c.tokens != chain for c in out):
+                        out.append(Candidate(chain, n, len(out)))
                 start = self.prev[i][start]
         return out
 
@@ -131,6 +131,8 @@ class LookupStats:
         self.trials = torch.zeros(knobs.groups, knobs.max_len, dtype=torch.float64)  # [G, D]
 
     def observe(self, outcome: LookupOutcome) -> None:
+        if outcome.group.shape[0] == 0:  # a step without lookup trials says nothing (and forgets nothing)
+            return
         if self.prior is not None:
             self.prior.observe(outcome)
             self.accepts.mul_(self.knobs.decay)
@@ -175,9 +177,8 @@ class LookupRegistry:
         history shorter than the index, e.g. a retracted request, is re-indexed from scratch)."""
         entry = self.entries.get(rid)
         if entry is None or len(entry.index) > len(prompt) + len(output):
-            entry = LookupEntry(LookupIndex(self.knobs), LookupStats(self.knobs, self.prior)
-                                if entry is None else entry.stats)
-            self.entries[rid] = entry
+            stats = LookupStats(self.knobs, self.prior) if entry is None else entry.stats
+            entry = self.entries[rid] = LookupEntry(LookupIndex(self.knobs), stats)
         seen = len(entry.index)
         if seen < len(prompt):
             entry.index.append(prompt[seen:])

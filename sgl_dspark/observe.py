@@ -143,6 +143,7 @@ class WorkerMetrics:
     log_interval: int = 40  # decode steps per log line: SGLang's --decode-log-interval
     window: Totals = field(default_factory=Totals)
     draft_failures: int = 0
+    lookup_tokens: int = 0  # accepted tokens only the lookup branch proposed
     series: Series | None = None  # only with --enable-metrics
 
     @staticmethod

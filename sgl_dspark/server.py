@@ -145,6 +145,15 @@ def _group_gone(process: subprocess.Popen, wait_s: float) -> bool:
     return False
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the server when whoever started it dies (Linux), so a killed test run
+    or demo never leaves a server behind."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
     if port_in_use(spec.port):
         raise ServerError(f"port {spec.port} on {HOST} is in use: stop what holds it or pick another port")
@@ -154,7 +163,7 @@ def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
     env = {**os.environ, **({} if has_cuda() else CPU_ENV), **spec.env}
     with log_path.open("w") as log:
         process = subprocess.Popen(spec.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=_die_with_parent)
     server = RunningServer(spec, process, log_path)
     try:
         _wait_healthy(server)

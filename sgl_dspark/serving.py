@@ -14,6 +14,7 @@ from sgl_dspark.config import DSparkConfig
 from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
 from sgl_dspark.draft_worker.client import DraftClient
 from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, parse_drafter_config
+from sgl_dspark.lookup import LookupKnobs
 from sgl_dspark.scheduler import Scheduler, make_scheduler
 
 # Before a table is profiled, the step cost grows ~8% per verified token (measured on CPU: verifying 8 tokens
@@ -21,6 +22,7 @@ from sgl_dspark.scheduler import Scheduler, make_scheduler
 PRIOR_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 PRIOR_SLOPE = 0.08
 PRIOR_STEP_S = 0.07
+LOOKUP = LookupKnobs()
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class WorkerSetup:
     target_weights: TargetWeights  # the running target's own tensors (used only by the in-process client)
     scheduler: Scheduler
     max_verify_tokens: int  # root + most draft nodes one request can verify in a step
+    lookup_knobs: LookupKnobs
 
     def make_client(self, num_slots: int, seed: int) -> DraftClient:
         """The draft worker process (or, with draft_process=false, an in-process drafter)."""
@@ -85,9 +88,9 @@ def capture_target_features(model, layer_ids: tuple[int, ...], num_layers: int) 
     model.set_dflash_layers_to_capture(list(layer_ids))
 
 
-def max_verify_tokens(config: DSparkConfig, gamma: int) -> int:
+def max_verify_tokens(config: DSparkConfig, gamma: int, lookup: LookupKnobs) -> int:
     window = min(config.max_window or gamma, gamma)
-    nodes = config.max_tree_nodes or window * config.tree_width
+    nodes = (config.max_tree_nodes or window * config.tree_width) + (lookup.max_nodes if config.lookup else 0)
     if config.max_verify is not None:
         nodes = min(nodes, config.max_verify)
     return 1 + nodes
@@ -101,4 +104,5 @@ def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
     table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
     return WorkerSetup(config, drafter_path, drafter_config, server_args.model_path, target, target_weights(model),
-                       make_scheduler(config, table), max_verify_tokens(config, drafter_config.gamma))
+                       make_scheduler(config, table), max_verify_tokens(config, drafter_config.gamma, LOOKUP),
+                       LOOKUP)

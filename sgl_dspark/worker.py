@@ -18,13 +18,15 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
+from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
 from sgl_dspark.layout import VerifyRows, accept_rows, pack_trees
-from sgl_dspark.observe import StepStats, WorkerMetrics
+from sgl_dspark.lookup import LookupRegistry
+from sgl_dspark.observe import StepStats, WorkerMetrics, result_counts
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import ScheduleBatch as PlanInput
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.serving import WorkerSetup, build_setup
-from sgl_dspark.tree import DraftTree, subtree
+from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, verify_batch
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ def root_only(anchor: int) -> DraftTree:
 class DecodeStep:
     """What one decode step carries from drafting to commit."""
 
-    trees: list[DraftTree]  # selected (scheduled) trees, one per request
+    trees: list[Grafted]  # selected (scheduled) blocks, one per request, with each node's provenance
     drafted: list[int]  # draft length per request before scheduling
     rows: VerifyRows
     seq_lens: list[int]
@@ -65,6 +67,7 @@ class DSparkWorker(BaseSpecWorker):
         self.speculative_num_draft_tokens = self.stride
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
         self.scheduler = self.setup.scheduler
+        self.lookup = LookupRegistry(self.setup.lookup_knobs) if self.setup.config.lookup else None
         self.metrics = WorkerMetrics.from_server_args(server_args)
         self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
         self.full_mask = self.device != "cpu"
@@ -128,17 +131,20 @@ class DSparkWorker(BaseSpecWorker):
         out = self.target_worker.forward_batch_generation(batch, is_verify=True)
         verified_at = time.perf_counter()
         results = self.verify(batch, step, out.logits_output.next_token_logits)
+        self.learn_lookup(batch, step, results)
         accepted = accept_rows(results, step.rows.width, self.stride)
         new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
         out.logits_output.hidden_states = None
         batch.forward_mode = ForwardMode.DECODE
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.scheduler.observe(StepResult(int(step.rows.sizes.sum()), verified_at - drafted_at))
+        self.scheduler.observe(StepResult(step.rows.tokens.numel(), verified_at - drafted_at))
         self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
                                        drafted_at - start, verified_at - drafted_at,
                                        time.perf_counter() - verified_at))
+        cap_lens, block_accept_lens = result_counts(step.drafted, step.rows.sizes)
         return GenerationBatchResult(
+            cap_lens=cap_lens.to(self.device), block_accept_lens=block_accept_lens.to(self.device),
             logits_output=out.logits_output, next_token_ids=accepted.tokens.flatten().to(self.device),
             accept_lens=accepted.accept_lens.to(self.device), new_seq_lens=new_seq_lens,
             next_draft_input=self.relay(new_seq_lens, accepted.tokens, accepted.accept_lens),
@@ -147,11 +153,26 @@ class DSparkWorker(BaseSpecWorker):
     def draft_and_plan(self, batch) -> DecodeStep:
         seq_lens = batch.seq_lens.cpu().tolist()
         anchors = [int(req.output_ids[-1]) for req in batch.reqs]
-        trees = self.draft(batch, seq_lens, anchors)
-        plan = self.scheduler.plan(PlanInput(tuple(trees)))
-        selected = [subtree(tree, keep) for tree, keep in zip(trees, plan.selections)]
-        rows = pack_trees(selected, seq_lens)
-        return DecodeStep(selected, [t.size - 1 for t in trees], rows, seq_lens)
+        blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors))
+        plan = self.scheduler.plan(PlanInput(tuple(g.tree for g in blocks)))
+        selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
+        rows = pack_trees([g.tree for g in selected], seq_lens)
+        return DecodeStep(selected, [g.tree.size - 1 for g in blocks], rows, seq_lens)
+
+    def with_lookup(self, batch, trees: list[DraftTree]) -> list[Grafted]:
+        """Graft the request's own-context lookup chains onto the drafter's trees (lookup knob)."""
+        if self.lookup is None:
+            return [Grafted.plain(t) for t in trees]
+        entries = [self.lookup.sync(req.rid, req.origin_input_ids, req.output_ids) for req in batch.reqs]
+        self.lookup.retain(req.rid for req in batch.reqs)
+        return [graft(t, e.index.propose(), e.stats, self.lookup.knobs.max_nodes) for t, e in zip(trees, entries)]
+
+    def learn_lookup(self, batch, step: DecodeStep, results) -> None:
+        if self.lookup is None:
+            return
+        for g, result, req in zip(step.trees, results, batch.reqs):
+            self.lookup.entries[req.rid].stats.observe(outcome(g, result))
+        self.metrics.lookup_tokens += sum(lookup_accepted(g, r) for g, r in zip(step.trees, results))
 
     def draft(self, batch, seq_lens: list[int], anchors: list[int]) -> list[DraftTree]:
         req_to_token = self.req_to_token_pool.req_to_token
@@ -192,8 +213,8 @@ class DSparkWorker(BaseSpecWorker):
 
     def verify(self, batch, step: DecodeStep, logits: torch.Tensor):
         logits = logits.float().cpu().view(len(batch.reqs), step.rows.width, -1)
-        inputs = [VerifyInput(tree, logits[b, :tree.size], request_sampling(req))
-                  for b, (tree, req) in enumerate(zip(step.trees, batch.reqs))]
+        inputs = [VerifyInput(g.tree, logits[b, :g.tree.size], request_sampling(req))
+                  for b, (g, req) in enumerate(zip(step.trees, batch.reqs))]
         return verify_batch(inputs, self.generator)
 
     def commit(self, batch, step: DecodeStep, accepted, hidden: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
+import zmq
 from safetensors import safe_open
 
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
@@ -27,6 +28,7 @@ from sgl_dspark.tree import DraftTree
 EMBED_WEIGHT = "model.embed_tokens.weight"
 LM_HEAD_WEIGHT = "lm_head.weight"
 PARENT_POLL_S = 0.5  # an idle worker notices a dead parent within this
+REPLY_TIMEOUT_S = 5.0  # a reply the client no longer waits for is dropped after this
 
 
 def load_target_weights(folder: str | Path, dtype: torch.dtype = torch.float32) -> TargetWeights:
@@ -70,7 +72,10 @@ class Worker:
                 return 1
             message = self.channel.recv(PARENT_POLL_S)
             if message is not None:
-                self.channel.send(self.answer(message))
+                try:
+                    self.channel.send(self.answer(message), REPLY_TIMEOUT_S)
+                except zmq.Again:  # the client gave up on us and will start a successor
+                    return 1
         return 0
 
     def answer(self, message: Message) -> Message:

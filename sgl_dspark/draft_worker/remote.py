@@ -126,8 +126,8 @@ class WorkerHandle:
         """Send, then wait for the reply; DraftWorkerUnavailable when the process dies or the deadline passes."""
         name = type(message).__name__
         try:
-            self.channel.send(message)
             deadline = time.monotonic() + timeout_s
+            self.channel.send(message, timeout_s)
             while (left := deadline - time.monotonic()) > 0 and not (cancel and cancel.is_set()):
                 reply = self.channel.recv(min(POLL_S, left))
                 if reply is not None:

@@ -49,8 +49,12 @@ class Channel:
     def server(address: str) -> "Channel":
         return Channel(zmq.REP, address, bind=False)
 
-    def send(self, message: Message) -> None:
-        self.socket.send(encode(message), copy=False)
+    def send(self, message: Message, timeout_s: float) -> None:
+        """Send, or raise zmq.Again when the peer cannot take it within timeout_s (a REQ socket whose worker
+        died has no peer, and a plain send would block forever)."""
+        if not self.socket.poll(max(0, int(timeout_s * 1000)), zmq.POLLOUT):
+            raise zmq.Again(f"no peer took the message within {timeout_s:g} s")
+        self.socket.send(encode(message), copy=False, flags=zmq.NOBLOCK)
 
     def recv(self, timeout_s: float) -> Message | None:
         """The next message, or None when none arrives within timeout_s."""

@@ -1,6 +1,8 @@
 """Integration fixtures: real SGLang servers on this machine, started once per session and always stopped."""
 
 import json
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,110 @@ def generate(base_url: str, text: str, **sampling) -> dict:
     reply = requests.post(f"{base_url}/generate", json={"text": text, "sampling_params": sampling}, timeout=600)
     reply.raise_for_status()
     return reply.json()
+
+
+# --- shared by the DSPARK losslessness and API tests (tests/integration/test_dspark_{lossless,apis}.py) ---------
+
+GREEDY_128 = {"temperature": 0, "max_new_tokens": 128, "ignore_eos": True}
+# Sampled by test_dspark_lossless; its greedy continuation also seeds the bigram drafter (so DSPARK's drafts are
+# often right there and the sampling test exercises acceptance and the residual draw, not only rejections).
+SAMPLING_PROMPT = "Pick a random number between 1 and 100:"
+
+
+def generate_all(base_url: str, texts: list[str], concurrency: int, **sampling) -> list[dict]:
+    """One /generate request per text, `concurrency` in flight at a time; replies in the order of `texts`."""
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(lambda text: generate(base_url, text, **sampling), texts))
+
+
+def warm_prefix_cache(base_url: str, prompts: list[str]) -> None:
+    """Prefill the first (chat) prompt once, so the chat prompts' shared system prompt is in the radix cache."""
+    generate(base_url, prompts[0], temperature=0, max_new_tokens=1)
+
+
+@pytest.fixture(scope="session")
+def plain_reference(plain_server, prompts) -> list[list[int]]:
+    """The plain server's greedy output_ids on the 20 prompts x 128 tokens, computed once per session at
+    concurrency 4 (greedy float32 output does not depend on the batch; test_dspark_lossless checks that)."""
+    warm_prefix_cache(plain_server.base_url, prompts)
+    return [r["output_ids"] for r in generate_all(plain_server.base_url, prompts, 4, **GREEDY_128)]
+
+
+@pytest.fixture(scope="session")
+def bigram_drafter_path(default_model_path, plain_server, plain_reference, tmp_path_factory) -> str:
+    """A drafter whose drafts are often right, so DSPARK accepts multi-token blocks on CPU: the random drafter
+    with its Markov head set to a bigram table (successor of each token) of the plain server's own greedy outputs.
+    A random drafter leaves acceptance ~0 and so tests only the rejection path."""
+    sampled = generate(plain_server.base_url, SAMPLING_PROMPT, temperature=0, max_new_tokens=8)["output_ids"]
+    out = tmp_path_factory.mktemp("bigram-drafter")
+    return save_bigram_drafter(default_model_path, str(out), plain_reference, priority=sampled)
+
+
+@pytest.fixture(scope="session")
+def tree_server(default_model_path, bigram_drafter_path, tmp_path_factory):
+    """DSPARK with tree drafting (preset tree) and the bigram drafter (multi-token blocks are accepted)."""
+    spec = dspark_spec(default_model_path, bigram_drafter_path, "--speculative-dspark-preset", "tree")
+    with serving(spec, tmp_path_factory.mktemp("dspark-tree")) as server:
+        yield server
+
+
+BIGRAM_LOGIT = 100.0  # Markov bias of a token's table successor: swamps the random backbone's logits
+SECOND_SHARE = 0.95  # the runner-up successor's bias relative to the first (a tree's first alternative)
+MAX_SUCCESSORS = 512  # Markov rank budget: the most frequent successors get a slot
+
+
+def bigram_successors(sequences: list[list[int]]) -> dict[int, list[int]]:
+    """token -> its most frequent successor in `sequences` (ties: first seen), followed by the runner-up when that
+    is at least half as frequent (the token is ambiguous)."""
+    counts: dict[int, Counter] = {}
+    for seq in sequences:
+        for prev, nxt in zip(seq, seq[1:]):
+            counts.setdefault(prev, Counter())[nxt] += 1
+    table = {}
+    for prev, c in counts.items():
+        top = c.most_common(2)
+        table[prev] = [t for t, n in top if 2 * n >= top[0][1]]
+    return table
+
+
+def save_bigram_drafter(target_dir: str, out_dir: str, sequences: list[list[int]], priority: list[int],
+                        seed: int = 0) -> str:
+    """The seeded random drafter (one layer, 4096-token draft vocabulary) with a bigram Markov head: rank slot 0
+    marks an ambiguous token (two successors; low confidence, so the tree branches there), slot j > 0 carries
+    successor j. Transitions of `priority` override the counted ones. Confidence is high after a token with one
+    known successor, low after an ambiguous or unknown one. Returns out_dir."""
+    import torch
+
+    from sgl_dspark.drafter.checkpoint import save_drafter
+    from sgl_dspark.drafter.factory import hf_config_for_target, random_drafter
+
+    table = bigram_successors(sequences)
+    table.update({prev: [nxt] for prev, nxt in zip(priority, priority[1:])})
+    ranked = Counter(s for succ in table.values() for s in succ).most_common(MAX_SUCCESSORS)
+    slot = {token: j + 1 for j, (token, _) in enumerate(ranked)}
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    config = hf_config_for_target(target, num_layers=1, markov_rank=1 + len(slot), draft_vocab_size=4096)
+    drafter, _ = random_drafter(config, seed)
+    vocab = list(slot) + [t for t in drafter.draft_to_target.tolist() if t not in slot]
+    drafter.set_draft_vocab(torch.tensor(sorted(vocab[:4096])))
+    draft_id = {t: d for d, t in enumerate(drafter.draft_to_target.tolist())}
+    w1, w2 = drafter.markov_head.markov_w1.weight, drafter.markov_head.markov_w2.weight  # [V, r], [D, r]
+    conf = drafter.confidence_head.proj  # logit = w . [h ; W1[prev]] + b
+    hidden = drafter.config.hidden_size
+    with torch.no_grad():
+        w1.zero_()
+        w2.zero_()
+        conf.weight.zero_()
+        conf.bias.fill_(-1.0)  # unknown token: c = 0.27
+        conf.weight[0, hidden] = -10.0  # ambiguous token: c ~ 0.04
+        conf.weight[0, hidden + 1:] = 4.0  # one known successor: c = 0.95
+        for token, j in slot.items():
+            w2[draft_id[token], j] = BIGRAM_LOGIT
+        for prev, succ in table.items():
+            for share, token in zip((1.0, SECOND_SHARE), succ):
+                if token in slot:
+                    w1[prev, slot[token]] = share
+            if len(succ) > 1:
+                w1[prev, 0] = 1.0
+    save_drafter(drafter, out_dir)
+    return out_dir

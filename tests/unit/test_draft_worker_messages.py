@@ -86,9 +86,9 @@ def test_channel_request_reply_and_timeout(tmp_path):
     address = ipc_address(tmp_path, "t")
     client, server = Channel.client(address), Channel.server(address)
     assert server.recv(0.05) is None
-    client.send(m.Ping())
+    client.send(m.Ping(), 1.0)
     assert server.recv(2.0) == m.Ping()
-    server.send(m.Pong(7))
+    server.send(m.Pong(7), 1.0)
     assert client.recv(2.0) == m.Pong(7)
     server.close()
     client.close()

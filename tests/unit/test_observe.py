@@ -51,6 +51,7 @@ def test_request_counts_read_the_carried_sums():
     assert metrics.request_counts(batch_output(), 0) == RequestCounts(4, 13, 8, 14, 16)
     assert metrics.request_counts(batch_output(), 1) is None
     assert metrics.request_counts(batch_output(spec_num_cap_tokens=None), 0) is None
+    assert metrics.request_counts(batch_output(spec_num_cap_tokens=[0, 0]), 0) is None  # no windows shipped
 
 
 def test_rewrite_replaces_sglangs_fixed_length_values():
@@ -107,15 +108,20 @@ def sglang_rate(self, can_run_cuda_graph, running_batch=None, num_generated_toke
     return self.spec_num_correct_drafts / (self.spec_num_forward_ct * 4)
 
 
-@pytest.mark.parametrize("algorithm, tick, rate", [("dspark", 20, 0.5), ("dspark", 21, 6 / 32), ("eagle", 20, 6 / 32)])
-def test_the_scheduler_rate_is_restated_on_dspark_log_ticks_only(monkeypatch, algorithm, tick, rate):
+@pytest.mark.parametrize("algorithm, tick, windows, rate", [
+    ("dspark", 20, 20, 0.5), ("dspark", 21, 20, 6 / 32), ("eagle", 20, 20, 6 / 32),
+    ("dspark", 20, 0, 6 / 32),  # no windows shipped: SGLang's own value stands
+])
+def test_the_scheduler_rate_is_restated_on_dspark_log_ticks_only(monkeypatch, algorithm, tick, windows, rate):
     from sglang.srt.managers.scheduler_components import metrics_reporter
 
     from scheduler_patch.algorithm import spec
 
     monkeypatch.setattr(metrics_reporter, "get_spec", lambda: SimpleNamespace(speculative_num_draft_tokens=5))
     ours = spec() if algorithm == "dspark" else SimpleNamespace(name="EAGLE")
-    assert metrics._report_decode_stats(sglang_rate, reporter(ours, tick), False) == pytest.approx(rate)
+    state = reporter(ours, tick)
+    state.spec_num_cap_tokens = windows
+    assert metrics._report_decode_stats(sglang_rate, state, False) == pytest.approx(rate)
 
 
 def test_the_metrics_patches_fit_the_pinned_sglang():
