@@ -107,7 +107,10 @@ def tree_server(default_model_path, bigram_drafter_path, tmp_path_factory):
         yield server
 
 
-BIGRAM_LOGIT = 100.0  # Markov bias of a token's table successor: swamps the random backbone's logits
+# Markov bias of a token's table successor over the other 4095 draft ids (the backbone's logits are zeroed): a
+# first-choice draft probability ~0.98 (greedy alternatives' temperature 1), not float32-certain, since a gap over
+# ~16 nats makes sgl_dspark.drafter.sampler.alternatives divide by 1 - p = 0 (confidences > 1 kill the scheduler).
+BIGRAM_LOGIT = 12.0
 SECOND_SHARE = 0.95  # the runner-up successor's bias relative to the first (a tree's first alternative)
 MAX_SUCCESSORS = 512  # Markov rank budget: the most frequent successors get a slot
 
@@ -128,7 +131,8 @@ def bigram_successors(sequences: list[list[int]]) -> dict[int, list[int]]:
 
 def save_bigram_drafter(target_dir: str, out_dir: str, sequences: list[list[int]], priority: list[int],
                         seed: int = 0) -> str:
-    """The seeded random drafter (one layer, 4096-token draft vocabulary) with a bigram Markov head: rank slot 0
+    """The seeded random drafter (one layer, 4096-token draft vocabulary) with its backbone silenced and a bigram
+    Markov head: rank slot 0
     marks an ambiguous token (two successors; low confidence, so the tree branches there), slot j > 0 carries
     successor j. Transitions of `priority` override the counted ones. Confidence is high after a token with one
     known successor, low after an ambiguous or unknown one. Returns out_dir."""
@@ -151,6 +155,7 @@ def save_bigram_drafter(target_dir: str, out_dir: str, sequences: list[list[int]
     conf = drafter.confidence_head.proj  # logit = w . [h ; W1[prev]] + b
     hidden = drafter.config.hidden_size
     with torch.no_grad():
+        drafter.norm.weight.zero_()  # backbone hidden -> 0: the drafter's logits are the bigram bias alone
         w1.zero_()
         w2.zero_()
         conf.weight.zero_()
