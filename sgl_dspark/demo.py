@@ -43,8 +43,12 @@ def ask_chat(base_url: str, prompt: str, max_new_tokens: int) -> tuple[str, int,
     return body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"], time.perf_counter() - start
 
 
+SPEC_KEYS = ("spec_accept_length", "spec_verify_ct", "spec_mean_draft_length", "spec_mean_verify_length",
+             "spec_accept_rate")
+
+
 def spec_summary(meta: dict) -> str:
-    keys = [k for k in sorted(meta) if k.startswith("spec_")]
+    keys = [k for k in SPEC_KEYS if k in meta]
     return ", ".join(f"{k}={meta[k]:.3g}" if isinstance(meta[k], float) else f"{k}={meta[k]}" for k in keys)
 
 
@@ -66,7 +70,7 @@ def speculative_flags(args: argparse.Namespace, model_path: str) -> tuple[str, .
         return ()
     flags = ["--speculative-algorithm", args.speculative_algorithm, *args.speculative_args]
     if args.speculative_algorithm == "DSPARK" and "--speculative-draft-model-path" not in flags:
-        flags += ["--speculative-draft-model-path", default_drafter(model_path)]
+        flags += ["--speculative-draft-model-path", default_drafter(model_path), "--speculative-dspark-lookup", "true"]
     if args.speculative_algorithm == "NGRAM" and not has_cuda() and "--attention-backend" not in flags:
         flags += ["--attention-backend", TORCH_BACKEND]  # SGLang's torch_native cannot verify; ours can
     return tuple(flags)
