@@ -132,17 +132,18 @@ def bigram_successors(sequences: list[list[int]]) -> dict[int, list[int]]:
 def save_bigram_drafter(target_dir: str, out_dir: str, sequences: list[list[int]], priority: list[int],
                         seed: int = 0) -> str:
     """The seeded random drafter (one layer, 4096-token draft vocabulary) with its backbone silenced and a bigram
-    Markov head: rank slot 0
-    marks an ambiguous token (two successors; low confidence, so the tree branches there), slot j > 0 carries
-    successor j. Transitions of `priority` override the counted ones. Confidence is high after a token with one
-    known successor, low after an ambiguous or unknown one. Returns out_dir."""
+    Markov head: rank slot 0 marks an ambiguous token (two successors; low confidence, so the tree branches there),
+    slot j > 0 carries successor j. The transitions of `priority` (the first from each token) override the counted
+    ones. Confidence is high after a token with one known successor, low after an ambiguous or unknown one.
+    Returns out_dir."""
     import torch
 
     from sgl_dspark.drafter.checkpoint import save_drafter
     from sgl_dspark.drafter.factory import hf_config_for_target, random_drafter
 
     table = bigram_successors(sequences)
-    table.update({prev: [nxt] for prev, nxt in zip(priority, priority[1:])})
+    for prev, nxt in reversed(list(zip(priority, priority[1:]))):  # the first transition from a token wins
+        table[prev] = [nxt]
     ranked = Counter(s for succ in table.values() for s in succ).most_common(MAX_SUCCESSORS)
     slot = {token: j + 1 for j, (token, _) in enumerate(ranked)}
     target = json.loads((Path(target_dir) / "config.json").read_text())

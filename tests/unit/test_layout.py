@@ -1,0 +1,39 @@
+"""Verify-row layout: trees packed into fixed-width rows with the tree mask, accepted paths unpacked."""
+
+import torch
+
+from sgl_dspark.layout import accept_rows, pack_trees
+from sgl_dspark.tree import DraftTree
+from sgl_dspark.verify import VerifyResult
+
+
+def tree(tokens, parents):
+    n = len(tokens)
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.ones(n))
+
+
+def test_pack_pads_each_request_to_the_width_with_nodes_off_the_root():
+    rows = pack_trees([tree([5, 6, 7], [-1, 0, 0]), tree([9], [-1])], seq_lens=[10, 3])
+    assert rows.width == 3
+    assert rows.tokens.tolist() == [5, 6, 7, 9, 9, 9]
+    assert rows.positions.tolist() == [10, 11, 11, 3, 4, 4]
+    assert rows.sizes.tolist() == [3, 1]
+    assert rows.mask.int().tolist() == [
+        [[1, 0, 0], [1, 1, 0], [1, 0, 1]],
+        [[1, 0, 0], [1, 1, 0], [1, 0, 1]],
+    ]
+
+
+def test_pack_chain_mask_is_causal_and_width_can_be_fixed():
+    rows = pack_trees([tree([1, 2, 3], [-1, 0, 1])], seq_lens=[4], width=4)
+    assert rows.mask[0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]
+    assert rows.positions.tolist() == [4, 5, 6, 5]
+
+
+def test_accept_rows_keep_root_and_path_and_emit_drafts_then_bonus():
+    results = [VerifyResult(torch.tensor([2, 3]), torch.tensor([7, 8]), bonus_token=4, last_node=3),
+               VerifyResult(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long), 11, 0)]
+    out = accept_rows(results, width=4, stride=5)
+    assert out.accept_index.tolist() == [[0, 2, 3, -1], [4, -1, -1, -1]]
+    assert out.tokens.tolist() == [[7, 8, 4, 0, 0], [11, 0, 0, 0, 0]]
+    assert out.accept_lens.tolist() == [3, 1]
