@@ -37,6 +37,31 @@ def request_sampling(req) -> SamplingParams:
     return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
 
 
+def unsupported(req) -> str | None:
+    """Why DSPARK cannot serve this request exactly (SGLang applies these to the target's logits in ways our
+    verifier does not reproduce yet), or None. Such requests are refused, never served with changed output."""
+    p = req.sampling_params
+    given = [name for name, off in (("frequency_penalty", 0.0), ("presence_penalty", 0.0),
+                                    ("repetition_penalty", 1.0), ("min_new_tokens", 0)) if getattr(p, name) != off]
+    given += [name for name in ("logit_bias", "json_schema", "regex", "ebnf", "structural_tag")
+              if getattr(p, name, None) is not None]
+    if getattr(req, "custom_logit_processor", None) is not None:
+        given.append("custom_logit_processor")
+    if not given:
+        return None
+    return f"DSPARK does not support {', '.join(given)} yet; send the request without them or serve without DSPARK"
+
+
+def refuse_unsupported(reqs) -> None:
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    for req in reqs:
+        if req.to_finish is None and (reason := unsupported(req)):
+            req.to_finish = FINISH_ABORT(reason, HTTPStatus.BAD_REQUEST, "BadRequestError")
+
+
 def root_only(anchor: int) -> DraftTree:
     """The block of a request that drafts nothing this step (plain decoding through the verify path)."""
     return DraftTree.chain(torch.tensor([anchor]), torch.ones(1))
@@ -96,6 +121,7 @@ class DSparkWorker(BaseSpecWorker):
     # -- prefill: the target runs as usual and hands its features to the drafter --------------------------
 
     def prefill(self, batch, on_publish):
+        refuse_unsupported(batch.reqs)
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         features = result.logits_output.hidden_states
         result.logits_output.hidden_states = None

@@ -1,0 +1,19 @@
+"""Sampling parameters DSPARK cannot verify exactly are refused per request with one clear message."""
+
+import pytest
+import requests
+
+from conftest import generate
+
+
+@pytest.mark.parametrize("params", [{"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
+                                    {"min_new_tokens": 4}, {"regex": "[a-z]+"}])
+def test_unsupported_sampling_params_are_refused_by_name(dspark_server, params):
+    reply = requests.post(f"{dspark_server.base_url}/generate", timeout=120,
+                          json={"text": "Hello", "sampling_params": {"max_new_tokens": 8, **params}})
+    assert reply.status_code == 400
+    assert f"DSPARK does not support {next(iter(params))}" in reply.json()["error"]["message"]
+
+
+def test_server_keeps_serving_after_a_refusal(dspark_server):
+    assert generate(dspark_server.base_url, "Hello", max_new_tokens=4, temperature=0)["meta_info"]["completion_tokens"] == 4
