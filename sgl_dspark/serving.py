@@ -79,12 +79,16 @@ def target_weights(model) -> TargetWeights:
 
 
 def capture_target_features(model, layer_ids: tuple[int, ...], num_layers: int) -> None:
-    """Ask the target to return the hidden states the drafter reads (SGLang's DFlash capture hook)."""
-    if max(layer_ids) >= num_layers - 1:
-        raise ValueError(f"drafter target_layer_ids {list(layer_ids)}: SGLang captures layer outputs only below "
-                         f"the last layer ({num_layers - 1})")
+    """Ask the target to return the hidden states the drafter reads, through SGLang's per-model capture hooks
+    (the DSpark one where a model has it, else the DFlash one; both capture the outputs of `layer_ids`)."""
+    if hasattr(model, "set_dspark_layers_to_capture"):
+        model.set_dspark_layers_to_capture(list(layer_ids))
+        return
     if not hasattr(model, "set_dflash_layers_to_capture"):
         raise ValueError(f"target model {type(model).__name__} has no SGLang hidden-state capture for DSpark")
+    if max(layer_ids) >= num_layers - 1:  # the DFlash hook captures layer i's output as layer i+1's input
+        raise ValueError(f"drafter target_layer_ids {list(layer_ids)}: {type(model).__name__} captures layer "
+                         f"outputs only below its last layer ({num_layers - 1})")
     model.set_dflash_layers_to_capture(list(layer_ids))
 
 
