@@ -2,12 +2,12 @@
 /v1/completions and /v1/chat/completions (plain and streamed), a frontend-language program, stop strings,
 max_tokens 1 and 2, and EOS finishing.
 
-Each test runs against both DSPARK servers: `dspark_server` (chain, random drafter: blocks of one token) and
-`tree_server` (tree preset, bigram drafter: multi-token blocks, so stops and length caps land inside a block).
+All against `chain_server`: DSPARK as configured by default, with the bigram drafter (conftest), so verify steps
+accept multi-token blocks and stops, length caps and EOS land inside a block, where the server must cut it.
 """
 
 import json
-from typing import NamedTuple
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -25,16 +25,6 @@ CHAT = [{"role": "system", "content": "You are a careful assistant. Answer brief
         {"role": "user", "content": "How do I reverse a list in Python?"}]
 SHORT_ANSWERS = ["What is 17 times 23?", "What is the boiling point of water in Fahrenheit?",
                  "Translate 'good morning' into French and Spanish."]
-
-
-class Dspark(NamedTuple):
-    server: object
-    accepts_blocks: bool  # the drafter's drafts are accepted (multi-token blocks), so block-internal cases occur
-
-
-@pytest.fixture(scope="module", params=["dspark_server", "tree_server"])
-def dspark(request) -> Dspark:
-    return Dspark(request.getfixturevalue(request.param), request.param == "tree_server")
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +66,10 @@ def finish(reply: dict) -> dict:
 
 # --- /generate streaming ----------------------------------------------------------------------------------------
 
-def test_streamed_generate_equals_non_streamed_and_plain(dspark, plain_server):
+def test_streamed_generate_equals_non_streamed_and_plain(chain_server, plain_server):
     sampling = {**GREEDY, "max_new_tokens": 48, "ignore_eos": True}
-    whole = generate(dspark.server.base_url, CODE_PROMPT, **sampling)
-    chunks = stream_generate(dspark.server.base_url, CODE_PROMPT, **sampling)
+    whole = generate(chain_server.base_url, CODE_PROMPT, **sampling)
+    chunks = stream_generate(chain_server.base_url, CODE_PROMPT, **sampling)
     texts = [c["text"] for c in chunks if c.get("text") is not None]
     if all(b.startswith(a) for a, b in zip(texts, texts[1:])):  # cumulative chunks (SGLang's default)
         texts = [b[len(a):] for a, b in zip([""] + texts, texts)]
@@ -90,32 +80,32 @@ def test_streamed_generate_equals_non_streamed_and_plain(dspark, plain_server):
 
 # --- OpenAI-compatible API --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("prompt", [CODE_PROMPT, STORY_PROMPT])
-def test_v1_completions_equal_plain(dspark, plain_server, prompt):
+@pytest.mark.parametrize("prompt", [CODE_PROMPT, STORY_PROMPT], ids=["code", "story"])
+def test_v1_completions_equal_plain(chain_server, plain_server, prompt):
     def complete(server):
         return client(server).completions.create(model="default", prompt=prompt, max_tokens=32, temperature=0)
 
-    got, want = complete(dspark.server), complete(plain_server)
+    got, want = complete(chain_server), complete(plain_server)
     assert got.choices[0].text == want.choices[0].text
     assert got.choices[0].finish_reason == want.choices[0].finish_reason
     assert got.usage.completion_tokens == want.usage.completion_tokens
 
 
-def test_v1_chat_completions_equal_plain_streamed_or_not(dspark, plain_server):
+def test_v1_chat_completions_equal_plain_streamed_or_not(chain_server, plain_server):
     def chat(server, **kw):
         return client(server).chat.completions.create(model="default", messages=CHAT, max_tokens=40, temperature=0,
                                                       **kw)
 
     want = chat(plain_server).choices[0]
-    got = chat(dspark.server).choices[0]
+    got = chat(chain_server).choices[0]
     assert (got.message.content, got.finish_reason) == (want.message.content, want.finish_reason)
-    deltas = [c.choices[0].delta.content or "" for c in chat(dspark.server, stream=True) if c.choices]
+    deltas = [c.choices[0].delta.content or "" for c in chat(chain_server, stream=True) if c.choices]
     assert "".join(deltas) == want.message.content
 
 
 # --- the frontend language --------------------------------------------------------------------------------------
 
-def test_frontend_program_equals_plain(dspark, plain_server):
+def test_frontend_program_equals_plain(chain_server, plain_server):
     import sglang as sgl
 
     @sgl.function
@@ -128,7 +118,7 @@ def test_frontend_program_equals_plain(dspark, plain_server):
     def run(server):
         return explain.run(question="What is a hash table?", backend=sgl.RuntimeEndpoint(server.base_url))
 
-    got, want = run(dspark.server), run(plain_server)
+    got, want = run(chain_server), run(plain_server)
     assert got["answer"].strip() and got["why"].strip()
     assert (got["answer"], got["why"]) == (want["answer"], want["why"])
     assert got.text() == want.text()
@@ -139,44 +129,43 @@ def test_frontend_program_equals_plain(dspark, plain_server):
 STOP_AT = (8, 13, 18, 23, 28, 33)  # token positions of the plain output where each stop string starts
 
 
-def test_stop_strings_equal_plain(dspark, plain_server, tokenizer):
-    """Stop strings cut from the plain output at several places; on the tree server at least one falls inside a
-    verified block (the server truncates an accepted run)."""
+def test_stop_strings_equal_plain(chain_server, plain_server, tokenizer):
+    """Stop strings cut from the plain output at several places; at least one falls inside a verified block
+    (the server cuts an accepted run)."""
     sampling = {**GREEDY, "max_new_tokens": 48}
     ids = generate(plain_server.base_url, STORY_PROMPT, **sampling, ignore_eos=True)["output_ids"]
     stops = [s for s in (tokenizer.decode(ids[k:k + 2]) for k in STOP_AT) if s.strip()]
     assert len(stops) >= 4, stops
 
     def ask(server):
-        with_stop = [{**sampling, "stop": [s]} for s in stops]
-        return [generate(server.base_url, STORY_PROMPT, **kw) for kw in with_stop]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return list(pool.map(lambda stop: generate(server.base_url, STORY_PROMPT, **sampling, stop=[stop]), stops))
 
-    got, want = ask(dspark.server), ask(plain_server)
+    got, want = ask(chain_server), ask(plain_server)
     for stop, g, w in zip(stops, got, want):
         assert (g["text"], g["output_ids"], finish(g)) == (w["text"], w["output_ids"], finish(w)), stop
         assert finish(g)["type"] == "stop", (stop, finish(g))
-    if dspark.accepts_blocks:
-        assert any(overran(g["meta_info"]) for g in got), [g["meta_info"] for g in got]
+    assert any(overran(g["meta_info"]) for g in got), [g["meta_info"] for g in got]
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2])
-def test_tiny_max_tokens_equal_plain(dspark, plain_server, max_tokens):
+def test_tiny_max_tokens_equal_plain(chain_server, plain_server, max_tokens):
     prompts = [CODE_PROMPT, STORY_PROMPT, "1, 2, 3, 4, 5, 6, 7, 8,", "import json\n\ndef load_config(path):\n"]
     sampling = {**GREEDY, "max_new_tokens": max_tokens, "ignore_eos": True}
-    got = generate_all(dspark.server.base_url, prompts, 4, **sampling)
+    got = generate_all(chain_server.base_url, prompts, 4, **sampling)
     want = generate_all(plain_server.base_url, prompts, 4, **sampling)
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
     assert all(len(g["output_ids"]) == max_tokens and finish(g)["type"] == "length" for g in got)
-    if dspark.accepts_blocks and max_tokens == 2:
+    if max_tokens == 2:  # the first verify step accepted a draft: its block is cut at the cap
         assert any(overran(g["meta_info"]) for g in got), [g["meta_info"] for g in got]
 
 
-def test_eos_finish_equals_plain(dspark, plain_server, tokenizer):
+def test_eos_finish_equals_plain(chain_server, plain_server, tokenizer):
     texts = [tokenizer.apply_chat_template([CHAT[0], {"role": "user", "content": q}], tokenize=False,
                                            add_generation_prompt=True) for q in SHORT_ANSWERS]
     sampling = {**GREEDY, "max_new_tokens": 96}
     want = generate_all(plain_server.base_url, texts, 4, **sampling)
     assert any(finish(w)["type"] == "stop" for w in want), [finish(w) for w in want]  # some answers end on EOS
-    got = generate_all(dspark.server.base_url, texts, 4, **sampling)
+    got = generate_all(chain_server.base_url, texts, 4, **sampling)
     for g, w in zip(got, want):
         assert (g["output_ids"], g["text"], finish(g)) == (w["output_ids"], w["text"], finish(w))
