@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from sgl_dspark.jsonfile import read_json
+
 
 def calibrate_confidence(conf: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     """conf [..., k] raw confidences of draft positions 1..k; temperatures [>= k] -> calibrated [..., k].
@@ -170,12 +172,7 @@ def save_calibration(calibration: Calibration, path: str | Path) -> None:
 
 def load_calibration(path: str | Path) -> Calibration:
     """Read a file written by save_calibration; a bad file raises ValueError naming the file and the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"calibration {path}: no such file (fit one, or unset calibration)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"calibration {path}: not valid JSON ({e})") from None
+    doc = read_json(path, "calibration", "fit one, or unset calibration")
     temps = doc.get("temperatures") if isinstance(doc, dict) else None
     if not isinstance(temps, list) or not temps or not all(
             isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in temps):

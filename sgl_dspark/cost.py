@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from sgl_dspark.jsonfile import read_json
+
 OUTLIER_RATIO = 2.0  # a refit sample is clipped to [pred / 2, pred * 2]: one hiccup moves the table little
 
 
@@ -150,12 +152,7 @@ def save_cost_table(table: StepCostTable, path: str | Path, meta: dict | None = 
 
 def load_cost_table(path: str | Path) -> StepCostTable:
     """Read a file written by save_cost_table; a bad file raises ValueError naming the file and the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"step-cost table {path}: no such file (profile one, or unset cost_table)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"step-cost table {path}: not valid JSON ({e})") from None
+    doc = read_json(path, "step-cost table", "profile one, or unset cost_table")
     if not isinstance(doc, dict) or not {"tokens", "seconds"} <= doc.keys():
         raise ValueError(f"step-cost table {path}: expected an object with 'tokens' and 'seconds' lists")
     tokens, seconds = doc["tokens"], doc["seconds"]
