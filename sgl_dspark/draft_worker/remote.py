@@ -126,6 +126,8 @@ class WorkerHandle:
         """Send, then wait for the reply; DraftWorkerUnavailable when the process dies or the deadline passes."""
         name = type(message).__name__
         try:
+            if self.process.poll() is not None:
+                raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {self.process.returncode})")
             deadline = time.monotonic() + timeout_s
             self.channel.send(message, timeout_s)
             while (left := deadline - time.monotonic()) > 0 and not (cancel and cancel.is_set()):
@@ -136,6 +138,9 @@ class WorkerHandle:
                     code = self.process.returncode
                     raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {code})")
         except (zmq.ZMQError, msgspec.MsgspecError) as exc:
+            if self.process.poll() is not None:  # a send to a dead worker times out: say why
+                code = self.process.returncode
+                raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {code})") from exc
             raise DraftWorkerUnavailable(f"draft worker {self.pid}: {name}: {type(exc).__name__}: {exc}") from exc
         if cancel and cancel.is_set():
             raise DraftWorkerUnavailable(f"draft worker {self.pid}: {name} cancelled (client closing)")
