@@ -46,7 +46,9 @@ def alternatives(logits: torch.Tensor, taken: int, count: int,
     Example: logits log([.5, .3, .2]), taken 0, count 2 -> ids [1, 2], shares [.6, .4].
     """
     temperature = 1.0 if params.is_greedy else params.temperature
-    p = torch.softmax(logits.float() / temperature, dim=-1)
+    rest = logits.float().clone()
+    rest[taken] = float("-inf")  # a softmax over the others: no 1 - p[taken], which rounds to 0 when p[taken] ~ 1
+    p = torch.softmax(rest / temperature, dim=-1)
     top = torch.topk(logits, min(count + 1, logits.shape[-1])).indices
     ids = top[top != taken][:count]
-    return ids, p[ids] / (1.0 - p[taken]).clamp_min(1e-12)
+    return ids, p[ids]

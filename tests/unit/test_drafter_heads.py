@@ -104,3 +104,14 @@ def test_knobs_resolve_and_temperature():
         DraftKnobs(min_window=2, max_window=1)
     with pytest.raises(ValueError, match="tree_width"):
         DraftKnobs(tree_width=0)
+
+
+def test_alternative_shares_stay_probabilities_when_the_top_choice_is_certain():
+    from sgl_dspark.drafter.sampler import alternatives
+    from sgl_dspark.sampling import SamplingParams
+
+    ids, shares = alternatives(torch.tensor([20.0, 0.0, 0.0]), 0, 2, SamplingParams(temperature=0.0))
+    assert ids.tolist() in ([1, 2], [2, 1])
+    assert torch.allclose(shares, torch.tensor([0.5, 0.5]))
+    ids, shares = alternatives(torch.tensor([0.5, 0.3, 0.2]).log(), 0, 2, SamplingParams(temperature=1.0))
+    assert ids.tolist() == [1, 2] and torch.allclose(shares, torch.tensor([0.6, 0.4]))
