@@ -10,7 +10,7 @@ import time
 
 import requests
 
-from sgl_dspark.models import PrepareError, prepare
+from sgl_dspark.models import PrepareError, default_drafter, prepare
 from scheduler_patch.backends import TORCH_BACKEND
 from sgl_dspark.server import ServerError, ServerSpec, has_cuda, serving
 
@@ -50,19 +50,6 @@ SPEC_KEYS = ("spec_accept_length", "spec_verify_ct", "spec_mean_draft_length", "
 def spec_summary(meta: dict) -> str:
     keys = [k for k in SPEC_KEYS if k in meta]
     return ", ".join(f"{k}={meta[k]:.3g}" if isinstance(meta[k], float) else f"{k}={meta[k]}" for k in keys)
-
-
-def default_drafter(model_path: str) -> str:
-    """The drafter the demo uses when none is given: a seeded random-weight one (no trained drafter ships yet),
-    cached beside the model. It is lossless like any drafter; only its acceptance is low."""
-    from pathlib import Path
-
-    from sgl_dspark.drafter.factory import save_random_drafter_for
-
-    out = Path(model_path).parent.parent / "drafters" / "random-smollm2-135m"
-    if not (out / "config.json").is_file():
-        save_random_drafter_for(model_path, str(out), seed=0, num_layers=1, draft_vocab_size=4096)
-    return str(out)
 
 
 def speculative_flags(args: argparse.Namespace, model_path: str) -> tuple[str, ...]:

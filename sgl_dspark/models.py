@@ -19,6 +19,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE = Path.home() / ".cache" / "sgl-dspark" / "models"
 MARKER = "sgl_dspark_prepared.json"
+SHIPPED_DRAFTER = Path(__file__).parent / "drafters" / "smollm2-135m-instruct"  # trained, committed (issue 5)
 
 
 class PrepareError(RuntimeError):
@@ -34,6 +35,19 @@ class PreparedModel:
 
 def model_dir(dtype: str, cache_dir: Path = DEFAULT_CACHE) -> Path:
     return cache_dir / f"{MODEL_NAME}-{dtype}"
+
+
+def default_drafter(model_path: str | Path) -> str:
+    """The drafter used when none is given: the trained one shipped in the package; without it (a checkout that
+    removed it), a seeded random-weight one cached beside the model (lossless like any drafter, rarely accepted)."""
+    if (SHIPPED_DRAFTER / "config.json").is_file():
+        return str(SHIPPED_DRAFTER)
+    from sgl_dspark.drafter.factory import save_random_drafter_for
+
+    out = Path(model_path).parent.parent / "drafters" / "random-smollm2-135m"
+    if not (out / "config.json").is_file():
+        save_random_drafter_for(str(model_path), str(out), seed=0, num_layers=1, draft_vocab_size=4096)
+    return str(out)
 
 
 def locate_gguf(install: bool = True) -> Path:
