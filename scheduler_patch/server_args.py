@@ -109,6 +109,10 @@ def _config(flags: dict[str, Any]) -> DSparkConfig:
         value = getattr(config, knob)
         if value is not None and not Path(value).is_file():
             raise StartupError(f"DSpark config: {knob}={value!r}: no such file (set by {cli_flag(knob)} or the preset)")
+    out = config.cost_table_out
+    if out is not None and not Path(out).resolve().parent.is_dir():
+        raise StartupError(f"DSpark config: cost_table_out={out!r}: no such directory to write it in (set by "
+                           f"{cli_flag('cost_table_out')} or the preset)")
     return config
 
 

@@ -35,6 +35,7 @@ class DSparkConfig:
     latency_target_ms: float | None  # per-user step-latency target; the scheduler shrinks B to meet it
     cost_refit_alpha: float  # weight of one measured step in the online cost-table refit (0: frozen table)
     cost_table: str | None  # step-cost table JSON (sgl_dspark.cost); None: profile at start-up
+    cost_table_out: str | None  # write the table (profiled/loaded, then refitted) here; None: do not save
     calibration: str | None  # STS temperatures JSON (sgl_dspark.calibration); None: raw confidences
     draft_vocab: str | None  # reduced draft vocabulary file; None: the target's full vocabulary
     lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
@@ -111,6 +112,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "latency_target_ms": (_optional(_number_in(0, math.inf, lo_open=True)), "null or a number > 0"),
     "cost_refit_alpha": (_number_in(0, 1), "a number in [0, 1]"),
     "cost_table": (_optional(_is_path), "null or a non-empty path"),
+    "cost_table_out": (_optional(_is_path), "null or a non-empty path"),
     "calibration": (_optional(_is_path), "null or a non-empty path"),
     "draft_vocab": (_optional(_is_path), "null or a non-empty path"),
     "lookup": (lambda v: isinstance(v, bool), "true | false"),

@@ -94,20 +94,25 @@ def from_measurements(tokens: Sequence[int], seconds: Sequence[float]) -> StepCo
 
 
 def profile(step_fn: Callable[[int], object], token_counts: Sequence[int], repeats: int = 5, warmup: int = 1,
-            clock: Callable[[], float] = time.perf_counter) -> StepCostTable:
+            clock: Callable[[], float] = time.perf_counter, budget_s: float | None = None) -> StepCostTable:
     """Time step_fn(n) for each token count n on this hardware: the median of `repeats` timed calls.
 
-    step_fn must block until its step is done (e.g. call torch.cuda.synchronize() itself).
+    step_fn must block until its step is done (e.g. call torch.cuda.synchronize() itself). With budget_s, counts
+    are timed smallest first and none is started once budget_s has passed (the smallest is always timed); the
+    table extrapolates beyond the last one timed.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"profile: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     counts = sorted(set(token_counts))
     medians = []
+    began = clock()
     for n in counts:
+        if medians and budget_s is not None and clock() - began >= budget_s:
+            break
         for _ in range(warmup):
             step_fn(n)
         medians.append(statistics.median(_timed(step_fn, n, clock) for _ in range(repeats)))
-    return from_measurements(counts, medians)
+    return from_measurements(counts[:len(medians)], medians)
 
 
 def _timed(step_fn: Callable[[int], object], n: int, clock: Callable[[], float]) -> float:

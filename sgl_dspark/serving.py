@@ -15,10 +15,11 @@ from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
 from sgl_dspark.draft_worker.client import DraftClient
 from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, parse_drafter_config
 from sgl_dspark.lookup import LookupKnobs
+from sgl_dspark.profiler import SavingScheduler, startup_table
 from sgl_dspark.scheduler import Scheduler, make_scheduler
 
-# Before a table is profiled, the step cost grows ~8% per verified token (measured on CPU: verifying 8 tokens
-# costs ~1.6x a plain step); the online refit replaces this prior with measured step times.
+# Until the table is profiled at start-up (and if profiling fails), the step cost grows ~8% per verified token
+# (measured on CPU: verifying 8 tokens costs ~1.6x a plain step); the online refit then corrects it.
 PRIOR_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 PRIOR_SLOPE = 0.08
 PRIOR_STEP_S = 0.07
@@ -106,7 +107,23 @@ def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     drafter_config = read_drafter_config(drafter_path, target)
     model = model_runner.model
     capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
+    verify_tokens = max_verify_tokens(config, drafter_config.gamma, LOOKUP)
     table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
+    scheduler = make_scheduler(config, table)
+    if config.cost_table_out:
+        scheduler = SavingScheduler(scheduler, table, config.cost_table_out,
+                                    int(getattr(server_args, "decode_log_interval", 40) or 40),
+                                    {"model": server_args.model_path, "device": str(model_runner.device)})
     return WorkerSetup(config, drafter_path, drafter_config, server_args.model_path, target, target_weights(model),
-                       make_scheduler(config, table), max_verify_tokens(config, drafter_config.gamma, LOOKUP),
-                       LOOKUP)
+                       scheduler, verify_tokens, LOOKUP)
+
+
+def start_cost_table(setup: WorkerSetup, model_runner) -> None:
+    """Once SGLang has made the KV pools and attention backends: give the scheduler a table profiled on this
+    hardware (unless one was given, or nothing would use or save it); with cost_table_out, save the table."""
+    config, scheduler = setup.config, setup.scheduler
+    table = getattr(scheduler, "cost_table", None) or prior_cost_table()
+    if not config.cost_table and (config.scheduler != "off" or config.cost_table_out):
+        table = startup_table(model_runner, setup.max_verify_tokens, table)
+    if hasattr(scheduler, "cost_table"):  # the "off" scheduler has none (unless wrapped to save one)
+        scheduler.cost_table = table

@@ -25,7 +25,7 @@ from sgl_dspark.observe import StepStats, WorkerMetrics, result_counts
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import ScheduleBatch as PlanInput
 from sgl_dspark.scheduler import StepResult
-from sgl_dspark.serving import WorkerSetup, build_setup
+from sgl_dspark.serving import WorkerSetup, build_setup, start_cost_table
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, verify_batch
 
@@ -105,6 +105,10 @@ class DSparkWorker(BaseSpecWorker):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
         kv = self.token_to_kv_pool_allocator.get_kvcache()
         self.client = self.setup.make_client(kv.size + kv.page_size, int(self.server_args.random_seed or 0))
+
+    def init_cuda_graphs(self):
+        """SGLang's last start-up step (the KV pools and attention backends exist): profile the step-cost table."""
+        start_cost_table(self.setup, self.model_runner)
 
     def clear_cache_pool(self):
         pass

@@ -1,14 +1,18 @@
 """DSPARK observability on the real server (random drafter, --enable-metrics, a short decode log interval):
 per-request meta_info spec_* values, SGLang's spec gauges and DSpark's own series on /metrics, and the periodic
-decode log lines (DSpark's and SGLang's, which must agree on the accept rate)."""
+decode log lines (DSpark's and SGLang's, which must agree on the accept rate), and the step-cost table profiled
+at start-up and saved (--speculative-dspark-cost-table-out)."""
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from sgl_dspark.cost import load_cost_table
 from sgl_dspark.server import serving
 from conftest import dspark_spec, generate
 
@@ -25,9 +29,15 @@ SPEC_KEYS = ("spec_accept_length", "spec_verify_ct", "spec_mean_draft_length", "
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path, random_drafter_path, tmp_path_factory):
+def cost_table_out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cost") / "cost.json"
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path, random_drafter_path, tmp_path_factory, cost_table_out):
     spec = dataclasses.replace(dspark_spec(default_model_path, random_drafter_path),
-                               extra_args=("--enable-metrics", "--decode-log-interval", str(LOG_INTERVAL)))
+                               extra_args=("--enable-metrics", "--decode-log-interval", str(LOG_INTERVAL),
+                                           "--speculative-dspark-cost-table-out", str(cost_table_out)))
     with serving(spec, tmp_path_factory.mktemp("observability")) as running:
         yield running
 
@@ -87,3 +97,14 @@ def test_the_decode_log_lines_appear_at_the_interval_and_agree(server, metas):
     assert [(length, rate) for _, length, _, _, rate in ours] == [(length, rate) for length, rate, _ in sglangs]
     for (_, _, _, verify_len, _), (_, _, cap_len) in zip(ours, sglangs):
         assert float(cap_len) == pytest.approx(float(verify_len) + 1, abs=0.011)
+
+
+PROFILED = re.compile(r"step-cost table profiled in ([\d.]+) s .*: tokens=\[([\d, ]+)\] ms=")
+
+
+def test_the_step_cost_table_is_profiled_at_start_up_and_saved(server, metas, cost_table_out):
+    seconds, tokens = PROFILED.search(server.log_text()).groups()
+    assert float(seconds) < 30.0 and tokens.startswith("1, 2, 4, 8")
+    table = load_cost_table(cost_table_out)  # rewritten, refitted, every LOG_INTERVAL decode steps
+    assert table.tokens == tuple(int(t) for t in tokens.split(", "))
+    assert json.loads(cost_table_out.read_text())["meta"]["refit_steps"] >= LOG_INTERVAL

@@ -74,6 +74,17 @@ def test_profile_takes_the_median_of_repeats_after_warmup():
     assert [round(s, 9) for s in table.seconds] == [1.1, 2.1]
 
 
+def test_profile_starts_no_count_once_the_budget_is_spent():
+    now = [0.0]
+
+    def step(n: int) -> None:
+        now[0] += n
+
+    table = profile(step, [1, 2, 4, 8], repeats=1, warmup=0, clock=lambda: now[0], budget_s=3.5)
+    assert table.tokens == (1, 2, 4)  # 3 s spent when 4 starts, 7 s when 8 would
+    assert profile(step, [8, 16], repeats=1, warmup=0, clock=lambda: now[0], budget_s=0.0).tokens == (8,)
+
+
 def test_profile_times_a_real_callable():
     table = profile(lambda n: sum(range(n * 100)), [1, 64], repeats=3)
     assert table.tokens == (1, 64) and all(s > 0 for s in table.seconds)

@@ -181,6 +181,7 @@ def test_a_bad_boolean_is_refused_by_the_parser(plugin_patches, capsys):
     ({"speculative_dspark_scheduler": "greedy"}, "scheduler='greedy'"),
     ({"speculative_dspark_preset": "nope"}, "preset 'nope' not found"),
     ({"speculative_dspark_cost_table": "/no/such.json"}, "cost_table='/no/such.json': no such file"),
+    ({"speculative_dspark_cost_table_out": "/no/such/c.json"}, "cost_table_out='/no/such/c.json': no such directory"),
 ])
 def test_a_bad_knob_raises_one_line_naming_it(flags, knob):
     with pytest.raises(StartupError) as info:
