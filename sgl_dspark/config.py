@@ -40,6 +40,7 @@ class DSparkConfig:
     draft_vocab: str | None  # reduced draft vocabulary file; None: the target's full vocabulary
     lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
     draft_process: bool  # draft in a separate worker process (true) or in the scheduler process (false)
+    trace: str | None  # JSONL file the worker appends one record per request per decode step to (None: off)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -117,6 +118,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "draft_vocab": (_optional(_is_path), "null or a non-empty path"),
     "lookup": (lambda v: isinstance(v, bool), "true | false"),
     "draft_process": (lambda v: isinstance(v, bool), "true | false"),
+    "trace": (_optional(_is_path), "null or a non-empty path"),
 }
 KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
 assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"

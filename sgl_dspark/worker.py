@@ -26,6 +26,7 @@ from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import ScheduleBatch as PlanInput
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.serving import WorkerSetup, build_setup, start_cost_table
+from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, verify_batch
 
@@ -94,6 +95,7 @@ class DSparkWorker(BaseSpecWorker):
         self.scheduler = self.setup.scheduler
         self.lookup = LookupRegistry(self.setup.lookup_knobs) if self.setup.config.lookup else None
         self.metrics = WorkerMetrics.from_server_args(server_args)
+        self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
         self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
         self.full_mask = self.device != "cpu"
 
@@ -162,6 +164,9 @@ class DSparkWorker(BaseSpecWorker):
         verified_at = time.perf_counter()
         results = self.verify(batch, step, out.logits_output.next_token_logits)
         self.learn_lookup(batch, step, results)
+        if self.tracer is not None:
+            self.tracer.write([step_trace(req.rid, g, n, r)
+                               for req, g, n, r in zip(batch.reqs, step.trees, step.drafted, results)])
         accepted = accept_rows(results, step.rows.width, self.stride)
         new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
         out.logits_output.hidden_states = None
