@@ -53,8 +53,18 @@ class WorkerSetup:
                                                  self.draft_knobs(), num_slots, run_dir, seed=seed))
 
     def draft_knobs(self):
-        temps = () if self.config.calibration is None else tuple(load_calibration(self.config.calibration).temperatures.tolist())
+        path = calibration_path(self.config, self.drafter_path)
+        temps = () if path is None else tuple(load_calibration(path).temperatures.tolist())
         return self.config.draft_knobs(temps)
+
+
+def calibration_path(config: DSparkConfig, drafter_path: str) -> str | None:
+    """The calibration knob, else the `calibration.json` that `python -m sgl_dspark.calibrate` wrote beside the
+    drafter, else None (raw confidences)."""
+    if config.calibration is not None:
+        return config.calibration
+    beside = Path(drafter_path) / "calibration.json"
+    return str(beside) if beside.is_file() else None
 
 
 def read_drafter_config(path: str, target: TargetSpec) -> DrafterConfig:

@@ -50,6 +50,11 @@ def random_drafter(hf_config: dict[str, Any], seed: int = 0,
     return drafter.eval().requires_grad_(False), spec
 
 
+def target_rope_theta(target: dict[str, Any]) -> float:
+    """The target's RoPE base from a transformers v4 (`rope_theta`) or v5 (`rope_parameters`) config dict."""
+    return float((target.get("rope_parameters") or {}).get("rope_theta", target.get("rope_theta", 10000.0)))
+
+
 def hf_config_for_target(target: dict[str, Any], num_layers: int = 2, gamma: int = 7,
                          layer_ids: tuple[int, ...] | None = None, markov_rank: int = 64,
                          draft_vocab_size: int | None = None) -> dict[str, Any]:
@@ -61,7 +66,7 @@ def hf_config_for_target(target: dict[str, Any], num_layers: int = 2, gamma: int
         hidden_size=target["hidden_size"], intermediate_size=target["intermediate_size"],
         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=target["num_key_value_heads"],
         head_dim=target.get("head_dim") or target["hidden_size"] // heads, vocab_size=target["vocab_size"],
-        rms_norm_eps=target.get("rms_norm_eps", 1e-6), block_size=gamma, target_layer_ids=ids, num_target_layers=n,
+        rms_norm_eps=target.get("rms_norm_eps", 1e-6), rope_theta=target_rope_theta(target), block_size=gamma, target_layer_ids=ids, num_target_layers=n,
         mask_token_id=int(target["vocab_size"]) - 1, markov_rank=markov_rank,
         **({} if draft_vocab_size is None else {"draft_vocab_size": draft_vocab_size}))
 

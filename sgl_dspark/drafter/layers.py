@@ -65,18 +65,20 @@ class DraftAttention(nn.Module):
         return keys, self.v_proj(x).view(shape)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, ctx_valid: torch.Tensor) -> torch.Tensor:
+                ctx_v: torch.Tensor, ctx_valid: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Block rows attend to all valid context rows and to every block row (bidirectional).
 
         x [B, q, H], positions [B, q], ctx_k/ctx_v [B, S, kv_heads, head_dim], ctx_valid [B, S] bool -> [B, q, H].
+        `mask` [B, 1, q, S+q] bool, when given, replaces that rule (training packs many blocks into one row).
         """
         b, q, _ = x.shape
         queries = rotary(self.q_norm(self.q_proj(x).view(b, q, self.num_heads, self.head_dim)), positions)
         keys, values = self.keys_values(x, positions, rotary)
         keys = torch.cat([ctx_k.to(keys.dtype), keys], dim=1).transpose(1, 2)  # [B, kv_heads, S+q, d]
         values = torch.cat([ctx_v.to(values.dtype), values], dim=1).transpose(1, 2)
-        valid = torch.cat([ctx_valid, ctx_valid.new_ones(b, q)], dim=1)  # [B, S+q]
-        mask = valid[:, None, None, :].expand(b, 1, q, valid.shape[1])
+        if mask is None:
+            valid = torch.cat([ctx_valid, ctx_valid.new_ones(b, q)], dim=1)  # [B, S+q]
+            mask = valid[:, None, None, :].expand(b, 1, q, valid.shape[1])
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q, self.num_heads * self.head_dim))
@@ -105,6 +107,6 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, ctx_valid: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx_k, ctx_v, ctx_valid)
+                ctx_v: torch.Tensor, ctx_valid: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx_k, ctx_v, ctx_valid, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,216 @@
+"""`python -m sgl_dspark.train`: target + distillation data + shape preset -> a drafter in the published format.
+
+The target stays frozen; the drafter starts from the target's top layers (sgl_dspark.training.init) and learns
+the paper's loss on random anchors. A time budget bounds the run; state is saved every few minutes and a rerun
+with the same --out resumes. Held-out accepted length (tau) is measured along the way into OUT/curve.jsonl.
+Owns the loop, checkpoints and the progress bar; the math lives in sgl_dspark.training.
+"""
+
+import os
+
+# Threads wait passively: with other processes on these 2 cores, spinning OpenMP threads slow a step ~3x.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("KMP_BLOCKTIME", "0")
+
+import argparse  # noqa: E402
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from sgl_dspark.data import read_records
+from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
+from sgl_dspark.drafter.config import TargetSpec
+from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
+from sgl_dspark.training.init import PRESETS, copy_top_layers, frequent_tokens, new_drafter
+from sgl_dspark.training.objective import (LossWeights, block_outputs, block_rows, draft_index, dspark_loss,
+                                           sample_anchors, with_tokens)
+from sgl_dspark.training.rollout import Example, TargetCache, clip_record, eval_subset, rollouts, summarize
+from sgl_dspark.training.target import FrozenTarget
+
+@dataclass(frozen=True)
+class RunSpec:
+    target: str
+    data: str
+    out: str
+    preset: str
+    minutes: float
+    lr: float
+    copied_lr_scale: float
+    anchors: int
+    max_len: int
+    bf16: bool
+    cache_features: bool
+    eval_every_min: float
+    eval_records: int
+    seed: int
+
+
+def optimizer_for(drafter: DSparkDrafter, spec: RunSpec) -> torch.optim.Optimizer:
+    copied = [p for n, p in drafter.named_parameters() if n.startswith("layers.") and p.requires_grad]
+    ids = {id(p) for p in copied}
+    rest = [p for p in drafter.parameters() if p.requires_grad and id(p) not in ids]
+    return torch.optim.AdamW([{"params": copied, "lr": spec.lr * spec.copied_lr_scale}, {"params": rest, "lr": spec.lr}],
+                             betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def lr_factor(elapsed_min: float, total_min: float, warmup_min: float = 1.0) -> float:
+    """Linear warm-up, then cosine decay to 10% over the time budget."""
+    if elapsed_min < warmup_min:
+        return max(elapsed_min / warmup_min, 0.05)
+    frac = min(1.0, (elapsed_min - warmup_min) / max(total_min - warmup_min, 1e-6))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def build_drafter(spec: RunSpec, target: FrozenTarget, train: list[Example]) -> DSparkDrafter:
+    target_config = json.loads((Path(spec.target) / "config.json").read_text())
+    shape = PRESETS[spec.preset]
+    weights = TargetWeights(target.embed.float(), target.lm_head.float())
+    vocab = None
+    if shape.draft_vocab_size:
+        vocab = frequent_tokens([e.ids.tolist() for e in train], shape.draft_vocab_size, target_config["vocab_size"])
+    drafter = new_drafter(target_config, shape, weights, vocab)
+    copy_top_layers(drafter, target, train[0].ids.tolist())
+    return drafter
+
+
+def save_state(out: Path, drafter: DSparkDrafter, opt, step: int, elapsed: float) -> None:
+    save_drafter(drafter, out / "checkpoint")
+    torch.save({"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed}, out / "state.pt.tmp")
+    (out / "state.pt.tmp").replace(out / "state.pt")
+
+
+def train(spec: RunSpec) -> dict:
+    torch.manual_seed(spec.seed)
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = FrozenTarget(spec.target, torch.bfloat16, device)
+    train_ex = [clip_record(r, spec.max_len) for r in read_records(Path(spec.data) / "train.jsonl")]
+    held = [clip_record(r, spec.max_len) for r in read_records(Path(spec.data) / "heldout.jsonl")]
+    held = eval_subset(held, spec.eval_records)
+    if not train_ex or not held:
+        raise ValueError(f"training data {spec.data}: train.jsonl and heldout.jsonl must both hold records")
+    resume = (out / "state.pt").is_file()
+    if resume:
+        spec_t = TargetSpec.from_hf_config(target.model.config.to_dict())
+        drafter = load_drafter(out / "checkpoint", spec_t, TargetWeights(target.embed.float(), target.lm_head.float()))
+        drafter.requires_grad_(True).train()
+    else:
+        drafter = build_drafter(spec, target, train_ex).train()
+    drafter.to(device)
+    (out / "run.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    opt = optimizer_for(drafter, spec)
+    step, elapsed = 0, 0.0
+    if resume:
+        state = torch.load(out / "state.pt")
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed = state["step"], state["elapsed"]
+    to_draft = draft_index(drafter.draft_to_target, drafter.config.vocab_size).to(device)
+    cache = TargetCache(target, drafter.config.target_layer_ids, spec.cache_features)
+    return loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed)
+
+
+def evaluate(drafter, cache, held, to_draft, out: Path, step: int, minutes: float) -> dict:
+    drafter.eval()
+    row = {"step": step, "minutes": round(minutes, 2), **summarize(rollouts(drafter, cache, held, to_draft))}
+    drafter.train()
+    with (out / "curve.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed) -> dict:
+    out, rng = Path(spec.out), random.Random(spec.seed + step)
+    gen = torch.Generator().manual_seed(spec.seed + step)
+    weights, g = LossWeights(decay=float(drafter.config.gamma)), drafter.config.gamma
+    budget_s, last_save, last_eval = spec.minutes * 60, elapsed, elapsed
+    if step == 0:
+        tqdm.write(f"eval @0: {evaluate(drafter, cache, held, to_draft, out, 0, 0.0)}")
+    bar = tqdm(total=int(budget_s), initial=int(elapsed), unit="s", desc="train", dynamic_ncols=True)
+    running_acc = torch.zeros(g)
+    by_source = [[i for i, e in enumerate(train_ex) if e.source == s] for s in sorted({e.source for e in train_ex})]
+    while elapsed < budget_s:
+        t0 = time.perf_counter()
+        index = rng.choice(by_source[step % len(by_source)])  # sources take turns: chat answers are few
+        ex = train_ex[index]
+        features, target = cache.get(index, ex)
+        anchors = sample_anchors(ex.ids.shape[0], ex.first_anchor, spec.anchors, gen)
+        if anchors.numel() == 0:
+            step += 1
+            continue
+        blocks = with_tokens(block_rows(anchors, ex.ids.shape[0], g), ex.ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16):
+            logits, conf = block_outputs(drafter, features, ex.ids, blocks)
+        parts = dspark_loss(logits.float(), None if conf is None else conf.float(), target.take(blocks.rows),
+                            blocks.valid, to_draft, weights)
+        for group, base in zip(opt.param_groups, (spec.lr * spec.copied_lr_scale, spec.lr)):
+            group["lr"] = base * lr_factor(elapsed / 60, spec.minutes)
+        opt.zero_grad(set_to_none=True)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        dt = time.perf_counter() - t0
+        elapsed += dt
+        acc = (parts.accepted & parts.valid).float().sum(0) / parts.valid.float().sum(0).clamp(min=1)
+        running_acc = 0.95 * running_acc + 0.05 * acc
+        bar.update(int(elapsed) - bar.n)
+        bar.set_postfix_str(f"step {step} loss {float(parts.total):.3f} tv {parts.tv:.3f} "
+                            f"acc@k {' '.join(f'{a:.2f}' for a in running_acc.tolist())}")
+        if elapsed - last_save > 180:
+            save_state(out, drafter, opt, step, elapsed)
+            last_save = elapsed
+        if elapsed - last_eval > spec.eval_every_min * 60:
+            tqdm.write(f"eval @{elapsed / 60:.1f} min: {evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60)}")
+            last_eval = elapsed
+    bar.close()
+    save_state(out, drafter, opt, step, elapsed)
+    final = evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60)
+    tqdm.write(f"final eval: {final}")
+    return final
+
+
+def parse_args(argv: list[str] | None) -> RunSpec:
+    p = argparse.ArgumentParser(prog="python -m sgl_dspark.train", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None, help="target HF folder (default: the prepared default model)")
+    p.add_argument("--data", required=True, help="folder from `python -m sgl_dspark.data build`")
+    p.add_argument("--out", required=True, help="run folder: checkpoint/, state.pt, curve.jsonl (rerun resumes)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p.add_argument("--minutes", type=float, default=60.0, help="training time budget (wall clock)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--copied-lr-scale", type=float, default=0.5, help="lr multiplier of the copied target layers")
+    p.add_argument("--anchors", type=int, default=128, help="random anchors per sequence")
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter (the target runs in bf16)")
+    p.add_argument("--cache-features", action="store_true", help="keep target features in RAM across passes")
+    p.add_argument("--eval-every-min", type=float, default=5.0)
+    p.add_argument("--eval-records", type=int, default=12, help="held-out records per source")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.target is None:
+        from sgl_dspark.models import prepare
+
+        a.target = str(prepare("float32").path)
+    return RunSpec(a.target, a.data, a.out, a.preset, a.minutes, a.lr, a.copied_lr_scale, a.anchors, a.max_len,
+                   a.bf16, a.cache_features, a.eval_every_min, a.eval_records, a.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = parse_args(argv)
+    try:
+        train(spec)
+    except ValueError as exc:
+        print(f"sgl_dspark.train: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""A new drafter shaped for a target, initialised from it: draft layers copied from the target's top layers.
+
+Owns the shape presets, the draft vocabulary (most frequent tokens of the training data) and the copy-init:
+draft layer i = target layer N-L+i; `fc` selects the feature of layer N-L-1 (the input of the first copied layer)
+and `hidden_norm` = that layer's input norm, so the first draft layer's context keys/values start as what the
+target computes (up to the draft q/k norms, set to the measured mean head RMS). Must not train.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_dspark.drafter.config import parse_drafter_config
+from sgl_dspark.drafter.factory import hf_config_for_target
+from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
+from sgl_dspark.training.target import FrozenTarget
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_layers: int
+    gamma: int
+    markov_rank: int
+    draft_vocab_size: int | None
+    markov_head_type: str = "vanilla"
+
+
+PRESETS = {
+    "small": Shape(num_layers=2, gamma=7, markov_rank=128, draft_vocab_size=8192),
+    "tiny": Shape(num_layers=1, gamma=7, markov_rank=64, draft_vocab_size=4096),
+}
+
+
+def feature_layers(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """Spread low/middle layers plus the input of the first copied layer (last entry)."""
+    n, top = num_target_layers, num_target_layers - num_draft_layers - 1
+    return tuple(sorted({1, n // 4, n // 2, 3 * n // 4, top}))
+
+
+def frequent_tokens(sequences: list[list[int]], size: int, vocab_size: int) -> torch.Tensor:
+    """[size] the most frequent target ids over `sequences`, sorted by id (ties: lower id first)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids in sequences:
+        counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)
+    order = torch.argsort(-counts, stable=True)[:size]
+    return order.sort().values
+
+
+def new_drafter(target_config: dict, shape: Shape, weights: TargetWeights,
+                vocab: torch.Tensor | None) -> DSparkDrafter:
+    n = int(target_config["num_hidden_layers"])
+    hf = hf_config_for_target(target_config, num_layers=shape.num_layers, gamma=shape.gamma,
+                              layer_ids=feature_layers(n, shape.num_layers), markov_rank=shape.markov_rank,
+                              draft_vocab_size=shape.draft_vocab_size)
+    hf["markov_head_type"] = shape.markov_head_type
+    drafter = DSparkDrafter(parse_drafter_config(hf))
+    if vocab is not None:
+        drafter.set_draft_vocab(vocab)
+    drafter.attach_target(weights)
+    with torch.no_grad():
+        drafter.markov_head.markov_w2.weight.zero_()  # the Markov bias starts at 0 (paper)
+        drafter.markov_head.markov_w1.weight.normal_(0.0, 0.02)
+        if drafter.confidence_head is not None:
+            drafter.confidence_head.proj.weight.zero_()
+            drafter.confidence_head.proj.bias.fill_(-1.0)
+    return drafter
+
+
+def head_rms(proj: torch.nn.Linear, x: torch.Tensor, head_dim: int) -> float:
+    """Mean per-head RMS of proj(x) (x [T, H])."""
+    y = proj(x).view(x.shape[0], -1, head_dim).float()
+    return float(y.pow(2).mean(-1).sqrt().mean())
+
+
+@torch.no_grad()
+def copy_top_layers(drafter: DSparkDrafter, target: FrozenTarget, sample_ids: list[int]) -> None:
+    """Copy-init from the target (see module doc); `sample_ids` is a token sequence to measure q/k scales on."""
+    n, layers = target.num_layers, len(drafter.layers)
+    run = target.run(sample_ids, drafter.config.target_layer_ids)
+    dtype = drafter.fc.weight.dtype
+    for i, draft in enumerate(drafter.layers):
+        src = target.layer(n - layers + i)
+        for name in ("input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"):
+            draft.get_submodule(name).load_state_dict(
+                {k: v.to(dtype) for k, v in src.get_submodule(name).state_dict().items()})
+        x = src.input_layernorm(run.hidden[n - layers + i])
+        d = drafter.config.head_dim
+        draft.self_attn.q_norm.weight.fill_(head_rms(src.self_attn.q_proj, x, d))
+        draft.self_attn.k_norm.weight.fill_(head_rms(src.self_attn.k_proj, x, d))
+    drafter.norm.weight.copy_(target.final_norm.weight.to(dtype))
+    h = drafter.config.hidden_size
+    drafter.fc.weight.zero_()
+    last = len(drafter.config.target_layer_ids) - 1  # the feature entering the first copied layer
+    drafter.fc.weight[:, last * h:(last + 1) * h] = torch.eye(h, dtype=dtype)
+    drafter.hidden_norm.weight.copy_(target.layer(n - layers).input_layernorm.weight.to(dtype))
