@@ -1,0 +1,147 @@
+"""`python -m sgl_dspark.export`: a training run folder -> a shippable drafter folder with its model card.
+
+Casts the checkpoint's floating weights (bf16 by default, to fit the repo), copies the calibration, and writes
+README.md (the model card: training command, data recipe, time, tau curve table) plus curve.png. Owns only the
+packaging; the numbers come from the run's own files (run.json, curve.jsonl, the data manifest).
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+
+CARD_FILE = "README.md"
+CURVE_PNG = "curve.png"
+
+
+def read_curve(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines() if line.strip()]
+    unique = {}
+    for row in rows:  # the final evaluation may repeat the last periodic one
+        unique[(row["step"], row["minutes"])] = row
+    return sorted(unique.values(), key=lambda r: r["minutes"])
+
+
+def cast_weights(src: Path, dst: Path, dtype: torch.dtype) -> None:
+    tensors = load_file(str(src / WEIGHTS_FILE))
+    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def plot_curve(curve: list[dict], out: Path, reference: dict[str, list[tuple[float, float]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    minutes = [r["minutes"] for r in curve]
+    for key in sorted(k for k in curve[-1] if k.startswith("tau")):
+        ax.plot(minutes, [r.get(key) for r in curve], marker="o", label=f"this run: {key}")
+    for label, points in reference.items():
+        ax.plot(*zip(*points), linestyle="--", marker="x", label=label)
+    ax.set_xlabel("training minutes (this CPU, 2 cores)")
+    ax.set_ylabel("accepted length tau (held out, greedy, window 7)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+# Measured earlier on the same target (../shared/reference/drafter-training-cpu.md): random-init 2-layer drafter.
+RANDOM_INIT_CURVE = [(0.0, 1.027), (3.0, 1.15), (6.0, 1.23), (12.0, 1.28), (18.0, 1.34), (23.0, 1.34)]
+
+
+def card(run: Path, data_manifest: dict, curve: list[dict], size_mb: float, command: str) -> str:
+    spec = json.loads((run / "run.json").read_text())
+    last = curve[-1]
+    lines = [
+        "# DSpark drafter for SmolLM2-135M-Instruct (trained on CPU)",
+        "",
+        "A DSpark drafter (published DeepSpec format: `config.json` + `model.safetensors`) for the default model of",
+        "sgl-dspark. `make demo` and `python -m sgl_dspark.demo` use it; serve it with",
+        "`--speculative-algorithm DSPARK --speculative-draft-model-path sgl_dspark/drafters/smollm2-135m-instruct`.",
+        "",
+        "## Shape",
+        f"Preset `{spec['preset']}`: draft layers copied from the target's top layers, features of target layers",
+        f"{json.loads((run / 'checkpoint' / CONFIG_FILE).read_text())['target_layer_ids']}, reduced draft vocabulary,",
+        f"vanilla Markov head, confidence head. Weights stored in bf16: {size_mb:.1f} MB.",
+        "",
+        "## Training",
+        "```",
+        command,
+        "```",
+        f"Run spec: `{json.dumps(spec)}`",
+        "",
+        f"Time: {last['minutes']:.1f} CPU-minutes of training steps ({last['step']} steps) on 2 shared CPU cores.",
+        "",
+        "## Data recipe",
+        "```",
+        json.dumps(data_manifest, indent=2),
+        "```",
+        "ShareGPT first user turns answered greedily by the target through the real SGLang server (no speculation),",
+        "plus raw Python standard-library source (teacher-forced). The evaluation sets in ../shared/data/eval were",
+        "never used for training.",
+        "",
+        "## Held-out accepted length (tau) against training time",
+        "Teacher-forced blocks at every 4th anchor of held-out records; tau = 1 + leading draft tokens equal to the",
+        "target's greedy tokens (window 7, lookup off). Random-init reference: the facts file's curve.",
+        "",
+        "| minutes | step | tau | tau (ShareGPT answers) | tau (stdlib) | P(k accepted given < k), k = 1..7 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in curve:
+        cond = " ".join(f"{c:.2f}" for c in r["cond_accept"])
+        lines.append(f"| {r['minutes']:.1f} | {r['step']} | {r['tau']:.3f} | {r.get('tau_sharegpt', float('nan')):.3f} "
+                     f"| {r.get('tau_stdlib', float('nan')):.3f} | {cond} |")
+    lines += ["", f"![tau curve]({CURVE_PNG})", ""]
+    cal = run / "checkpoint" / "calibration.json"
+    if cal.is_file():
+        lines += ["## Calibration", "`python -m sgl_dspark.calibrate` fitted per-position temperatures on held-out",
+                  "rollouts (`calibration.json`, read by the server from this folder):", "```",
+                  cal.read_text().strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def export(run: Path, data: Path, out: Path, dtype: torch.dtype, command: str) -> Path:
+    src = run / "checkpoint"
+    if not (src / CONFIG_FILE).is_file():
+        raise ValueError(f"{run} has no checkpoint/{CONFIG_FILE} (is it a `python -m sgl_dspark.train` run folder?)")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / CONFIG_FILE, out / CONFIG_FILE)
+    if (src / "calibration.json").is_file():
+        shutil.copy(src / "calibration.json", out / "calibration.json")
+    cast_weights(src, out, dtype)
+    curve = read_curve(run)
+    manifest = json.loads((data / "manifest.json").read_text())
+    size_mb = (out / WEIGHTS_FILE).stat().st_size / 2**20
+    plot_curve(curve, out / CURVE_PNG, {"random init (facts file)": RANDOM_INIT_CURVE})
+    (out / CARD_FILE).write_text(card(run, manifest, curve, size_mb, command) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sgl_dspark.export", description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, type=Path, help="`python -m sgl_dspark.train --out` folder")
+    p.add_argument("--data", required=True, type=Path, help="the data folder the run trained on")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--command", default="", help="the training command, quoted in the model card")
+    a = p.parse_args(argv)
+    try:
+        print(export(a.run, a.data, a.out, getattr(torch, a.dtype), a.command))
+    except (ValueError, OSError) as exc:
+        print(f"sgl_dspark.export: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Packaging a training run: bf16 weights that load unchanged, the calibration copied, a model card."""
+
+import json
+
+import torch
+
+from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
+from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.export import export, read_curve
+
+
+def test_export_casts_weights_and_writes_the_card(tmp_path):
+    drafter, spec = random_drafter(tiny_hf_config())
+    run, data, out = tmp_path / "run", tmp_path / "data", tmp_path / "out"
+    save_drafter(drafter, run / "checkpoint")
+    (run / "checkpoint" / "calibration.json").write_text('{"temperatures": [1.0, 2.0]}\n')
+    (run / "run.json").write_text(json.dumps({"preset": "tiny", "minutes": 1.0}))
+    rows = [{"step": 0, "minutes": 0.0, "tau": 1.0, "cond_accept": [0.0, 0.0]},
+            {"step": 9, "minutes": 1.0, "tau": 1.5, "cond_accept": [0.4, 0.2]},
+            {"step": 9, "minutes": 1.0, "tau": 1.5, "cond_accept": [0.4, 0.2]}]  # the final eval repeats
+    (run / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data.mkdir()
+    (data / "manifest.json").write_text('{"records": 3}')
+    export(run, data, out, torch.bfloat16, "python -m sgl_dspark.train --minutes 1")
+    assert len(read_curve(run)) == 2
+    loaded = load_drafter(out, spec)
+    for name, p in drafter.state_dict().items():
+        if p.is_floating_point():
+            torch.testing.assert_close(loaded.state_dict()[name], p.to(torch.bfloat16).float())
+    card = (out / "README.md").read_text()
+    assert "python -m sgl_dspark.train --minutes 1" in card and "| 1.0 | 9 | 1.500 |" in card
+    assert (out / "calibration.json").is_file() and (out / "curve.png").stat().st_size > 0
