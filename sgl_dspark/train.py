@@ -141,13 +141,14 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed) -> 
         index = rng.choice(by_source[step % len(by_source)])  # sources take turns: chat answers are few
         ex = train_ex[index]
         features, target = cache.get(index, ex)
-        anchors = sample_anchors(ex.ids.shape[0], ex.first_anchor, spec.anchors, gen)
+        ids = ex.ids.to(features.device)
+        anchors = sample_anchors(ex.ids.shape[0], ex.first_anchor, spec.anchors, gen).to(features.device)
         if anchors.numel() == 0:
             step += 1
             continue
-        blocks = with_tokens(block_rows(anchors, ex.ids.shape[0], g), ex.ids)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16):
-            logits, conf = block_outputs(drafter, features, ex.ids, blocks)
+        blocks = with_tokens(block_rows(anchors, ids.shape[0], g), ids)
+        with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=spec.bf16):
+            logits, conf = block_outputs(drafter, features, ids, blocks)
         parts = dspark_loss(logits.float(), None if conf is None else conf.float(), target.take(blocks.rows),
                             blocks.valid, to_draft, weights)
         for group, base in zip(opt.param_groups, (spec.lr * spec.copied_lr_scale, spec.lr)):
@@ -160,7 +161,7 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed) -> 
         dt = time.perf_counter() - t0
         elapsed += dt
         acc = (parts.accepted & parts.valid).float().sum(0) / parts.valid.float().sum(0).clamp(min=1)
-        running_acc = 0.95 * running_acc + 0.05 * acc
+        running_acc = 0.95 * running_acc + 0.05 * acc.cpu()
         bar.update(int(elapsed) - bar.n)
         bar.set_postfix_str(f"step {step} loss {float(parts.total):.3f} tv {parts.tv:.3f} "
                             f"acc@k {' '.join(f'{a:.2f}' for a in running_acc.tolist())}")

@@ -56,17 +56,18 @@ def rollouts(drafter: DSparkDrafter, cache: TargetCache, examples: list[Example]
     with torch.no_grad():
         for i, ex in enumerate(examples):
             features, target = cache.get(-1 - i, ex)
-            anchors = torch.arange(max(ex.first_anchor, 1), ex.ids.shape[0], stride)
+            ids = ex.ids.to(features.device)
+            anchors = torch.arange(max(ex.first_anchor, 1), ids.shape[0], stride, device=ids.device)
             if anchors.numel() == 0:
                 continue
-            blocks = with_tokens(block_rows(anchors, ex.ids.shape[0], g), ex.ids)
-            logits, conf = block_outputs(drafter, features, ex.ids, blocks)
+            blocks = with_tokens(block_rows(anchors, ids.shape[0], g), ids)
+            logits, conf = block_outputs(drafter, features, ids, blocks)
             res = dspark_loss(logits, conf, target.take(blocks.rows), blocks.valid, to_draft, LossWeights())
             parts["accepted"].append(res.accepted)
             parts["confidence"].append(res.confidence)
             parts["valid"].append(res.valid)
             parts["source"] += [ex.source] * anchors.numel()
-    out = {k: torch.cat(v) for k, v in parts.items() if k != "source"}
+    out = {k: torch.cat(v).cpu() for k, v in parts.items() if k != "source"}
     out["source"] = parts["source"]
     return out
 
