@@ -176,8 +176,8 @@ def bench_args(args: argparse.Namespace, base_url: str, prompts: Path, concurren
 
 
 def run_client(argv: list[str], log: Path) -> dict:
-    """SGLang's benchmark client, in this process (its start-up costs ~30 s on a busy 2-core CPU; paid once);
-    its printout goes to `log`, its result is the last line of its --output-file."""
+    """SGLang's benchmark client, in this process (importing it takes up to a minute on a busy 2-core CPU: paid
+    once, not per cell); its printout goes to `log`, its result is the last line of its --output-file."""
     with warnings.catch_warnings():  # its imports warn that GPU-only quantizations are unavailable on CPU
         warnings.simplefilter("ignore")
         from sglang.benchmark import serving as bench_serving
@@ -230,8 +230,8 @@ def warm_up(base_url: str) -> None:
 
 
 def server_spec(args, config: str) -> ServerSpec:
-    return ServerSpec(args.model_path, port=args.port or free_port(), dtype="float32", max_total_tokens=args.max_total_tokens,
-                      max_running_requests=max(args.concurrency),
+    return ServerSpec(args.model_path, port=args.port or free_port(), dtype="float32",
+                      max_total_tokens=args.max_total_tokens, max_running_requests=max(args.concurrency),
                       speculative_args=config_flags(config, args.drafter),
                       extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)))
 
@@ -246,8 +246,9 @@ def run_config(args, config: str, repeat: int, prompt_files: dict[str, Path]) ->
             for conc in args.concurrency:
                 tag = f"{config}-{dataset}-c{conc}-r{repeat}"
                 m = measure_cell(args, server, facts, prompts, conc, tag)
-                print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, "
-                      f"accept {m.accept_length}, verify {m.verify_length}, rss {m.server_rss_mb:.0f} MB", flush=True)
+                print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, accept "
+                      f"{m.accept_length or 0:.2f}, verify {m.verify_length or 0:.2f}, rss {m.server_rss_mb:.0f} MB",
+                      flush=True)
                 cells.append(Cell(config, dataset, conc, repeat, m))
     return cells
 
@@ -313,13 +314,11 @@ def report(args, cells: list[Cell], settings: dict) -> Path:
 def measure(args) -> tuple[list[Cell], dict]:
     args.model_path = args.model_path or str(prepare("float32").path)
     args.drafter = args.drafter or default_drafter(args.model_path)
-    if args.configs and args.configs[0] != BASELINE and BASELINE in args.configs:
-        args.configs.remove(BASELINE)
-        args.configs.insert(0, BASELINE)
+    args.configs = sorted(args.configs, key=lambda c: c != BASELINE)  # the baseline first in every repeat
     args.work_dir = args.out / f"{args.name}-work"
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    prompt_files = write_prompt_files(args.work_dir, args.datasets, max(200, args.num_prompts, 2 * max(args.concurrency)),
-                                      args.seed, args.max_prompt_chars)
+    pool = max(200, args.num_prompts, max(args.concurrency))  # prompts written per dataset
+    prompt_files = write_prompt_files(args.work_dir, args.datasets, pool, args.seed, args.max_prompt_chars)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     cells: list[Cell] = []
     for repeat in range(args.repeats):
