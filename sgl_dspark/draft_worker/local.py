@@ -6,7 +6,8 @@ Also the engine the draft-worker process runs, so both paths draft identically. 
 import torch
 
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
-from sgl_dspark.drafter import ContextKV, DraftKnobs, DSparkDrafter, Proposer, ProposeInput, pad_contexts
+from sgl_dspark.drafter import ContextKV, DraftKnobs, DSparkDrafter, Proposer, ProposeInput
+from sgl_dspark.drafter.context import gather_padded
 from sgl_dspark.tree import DraftTree
 
 
@@ -27,7 +28,7 @@ class SlotContextStore:
         self.pool.values[:, update.slots] = rows.values
 
     def gather(self, slots: tuple[torch.Tensor, ...]):
-        return pad_contexts([self.pool.select(s) for s in slots])
+        return gather_padded(self.pool, slots)
 
 
 class LocalDraftClient:

@@ -63,3 +63,15 @@ def pad_contexts(contexts: list[ContextKV]) -> PaddedContext:
         values[:, i, :c.length] = c.values
     lengths = torch.tensor([c.length for c in contexts], dtype=torch.long, device=first.device)
     return PaddedContext(keys, values, lengths)
+
+
+def gather_padded(pool: ContextKV, slots: tuple[torch.Tensor, ...]) -> PaddedContext:
+    """Rows `slots[i]` [L_i] int64 of a pool-shaped ContextKV, per request, right-padded: one gather, no
+    intermediate per-request copies. Padding rows repeat the request's first row (masked out like zeros).
+    Example: slots ([4, 7], [2]) -> rows [[4, 7], [2, 2]], lengths [2, 1]."""
+    lengths = torch.tensor([s.numel() for s in slots], dtype=torch.long)
+    longest = max(int(lengths.max()), 1)
+    index = torch.stack([torch.cat([s.long(), s[:1].long().expand(longest - s.numel())]) if s.numel()
+                         else torch.zeros(longest, dtype=torch.long) for s in slots])  # [B, S]
+    index = index.to(pool.keys.device)
+    return PaddedContext(pool.keys[:, index], pool.values[:, index], lengths.to(pool.keys.device))

@@ -3,6 +3,8 @@
 Per depth k: confidence of every open branch (cheap, needs only h_k and x_{k-1}) -> admit branches by survival,
 min/max window and node budget -> LM-head rows only for requests with an admitted branch -> Markov bias -> sample
 -> optional deterministic alternatives at low-confidence nodes. Nodes are appended in topological order.
+Depths every request drafts whatever the confidences are projected up front in one LM-head call (on a CPU that
+costs about one depth's call: the matrix is read from memory once).
 Must not run the backbone or touch SGLang.
 """
 
@@ -99,13 +101,31 @@ def confidence(drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor,
     return c if temperature == 1.0 else calibrate_confidence(c[:, None], torch.tensor([temperature]))[:, 0]
 
 
-def step_logits(drafter: DSparkDrafter, hidden_k: torch.Tensor,
-                frontier: Frontier) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """hidden_k [B, H] -> (U_k + B(x_{k-1}) [F, D], next RNN state, LM-head rows projected).
-    U_k is projected once per request with an open branch, shared by all its branches."""
+def certain_depths(knobs: DraftKnobs) -> int:
+    """Depths every request's main chain drafts whatever the confidences: all of them without a survival stop,
+    else the min window (`_Budget.admit` admits those; the side-branch reserve keeps them within the budget)."""
+    return knobs.max_window if knobs.survival_threshold == 0.0 else min(knobs.min_window, knobs.max_window)
+
+
+def eager_logits(drafter: DSparkDrafter, hidden: torch.Tensor, depths: int) -> torch.Tensor | None:
+    """hidden [B, gamma, H] -> U [B, depths, D] in one projection, or None when depths == 0. On a CPU the LM head
+    is read from memory once per call, so one call for every certain depth costs about what one depth costs."""
+    if depths == 0:
+        return None
+    b, _, h = hidden.shape
+    return drafter.base_logits(hidden[:, :depths].reshape(b * depths, h)).view(b, depths, -1)
+
+
+def step_logits(drafter: DSparkDrafter, hidden_k: torch.Tensor, frontier: Frontier,
+                base_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """hidden_k [B, H] -> (U_k + B(x_{k-1}) [F, D], next RNN state, LM-head rows projected here).
+    U_k is projected once per request with an open branch, shared by all its branches; base_k [B, D] is U_k
+    already projected for every request (then nothing is projected here)."""
+    bias, state = drafter.markov_head.step(frontier.prev, hidden_k[frontier.req], frontier.state)
+    if base_k is not None:
+        return base_k.float()[frontier.req] + bias.float(), state, 0
     uniq, inv = torch.unique(frontier.req, return_inverse=True)
     base = drafter.base_logits(hidden_k[uniq])
-    bias, state = drafter.markov_head.step(frontier.prev, hidden_k[frontier.req], frontier.state)
     return base.float()[inv] + bias.float(), state, uniq.numel()
 
 
@@ -142,7 +162,9 @@ class _Grower:
         self.drafter, self.builders, self.sampling, self.budget, self.depth = drafter, builders, sampling, budget, depth
         self.rows: list[_Child] = []
 
-    def children(self, frontier: Frontier, conf: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> None:
+    def children(self, frontier: Frontier, conf: torch.Tensor, tokens: torch.Tensor,
+                 probs: torch.Tensor | None) -> None:
+        """probs [F, V] q rows, or None when no request keeps them (all greedy)."""
         surv, c, toks = (frontier.survival * conf).tolist(), conf.tolist(), tokens.tolist()
         columns = zip(frontier.req.tolist(), frontier.parent.tolist(), frontier.main.tolist())
         for i, (r, parent, m) in enumerate(columns):
@@ -183,9 +205,9 @@ def _one_hot(token: int, vocab_size: int) -> torch.Tensor:
     return row
 
 
-def _full_vocab(drafter: DSparkDrafter, probs: torch.Tensor) -> torch.Tensor:
-    """probs [F, D] over the draft vocabulary -> [F, V]; ids outside the map get exactly 0."""
-    ids = drafter.draft_to_target
+def _full_vocab(drafter: DSparkDrafter, probs: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """probs [F, D] over the draft vocabulary, ids [D] its target ids (None: the full vocabulary) -> [F, V];
+    ids outside the map get exactly 0."""
     if ids is None:
         return probs
     full = probs.new_zeros(probs.shape[0], drafter.config.vocab_size)
@@ -202,7 +224,11 @@ def grow_trees(drafter: DSparkDrafter, hidden: torch.Tensor, anchors: torch.Tens
     state = drafter.markov_head.init_state(b, hidden[:, 0])
     frontier = Frontier(torch.arange(b), torch.zeros(b, dtype=torch.long), anchors.long().cpu(), torch.ones(b),
                         torch.ones(b, dtype=torch.bool), state).to(hidden.device)
-    lm_rows = 0
+    eager = certain_depths(knobs)
+    base = eager_logits(drafter, hidden, eager)  # [B, eager, D]: every request drafts these depths
+    lm_rows = b * eager
+    to_target = drafter.draft_to_target
+    keep_probs = any(bld.probs is not None for bld in builders)  # all greedy: no q rows to build
     for depth in range(1, knobs.max_window + 1):
         if frontier.size == 0:
             break
@@ -212,13 +238,12 @@ def grow_trees(drafter: DSparkDrafter, hidden: torch.Tensor, anchors: torch.Tens
         frontier, conf = frontier.take(keep), conf[keep]
         if frontier.size == 0:
             break
-        logits, state, rows = step_logits(drafter, h_k, frontier)
+        logits, state, rows = step_logits(drafter, h_k, frontier, None if depth > eager else base[:, depth - 1])
         lm_rows += rows
         picked = sample_rows(logits, [sampling[r] for r in frontier.req.tolist()], generator)
-        to_target = drafter.draft_to_target
         tokens = picked.tokens if to_target is None else to_target[picked.tokens]
         grower = _Grower(drafter, builders, sampling, budget, depth)
-        grower.children(frontier, conf, tokens, _full_vocab(drafter, picked.probs))
+        grower.children(frontier, conf, tokens, _full_vocab(drafter, picked.probs, to_target) if keep_probs else None)
         if knobs.tree_width > 1:
             grower.siblings(frontier, conf, logits, picked.tokens, knobs.tree_width, knobs.branch_threshold)
         frontier = grower.next_frontier(state).to(hidden.device)

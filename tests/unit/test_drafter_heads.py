@@ -97,6 +97,18 @@ def test_pad_contexts_lengths_and_mask():
     assert padded.row(0).keys.shape == (2, 1, 2, 1, 4)
 
 
+def test_gather_padded_matches_pad_contexts():
+    from sgl_dspark.drafter.context import gather_padded
+
+    pool = ContextKV(torch.arange(2 * 8.0).view(2, 8, 1, 1), -torch.arange(2 * 8.0).view(2, 8, 1, 1))
+    slots = (torch.tensor([4, 7]), torch.tensor([], dtype=torch.long), torch.tensor([2, 5, 1]))
+    padded, ref = gather_padded(pool, slots), pad_contexts([pool.select(s) for s in slots])
+    assert padded.lengths.tolist() == [2, 0, 3] and padded.keys.shape == ref.keys.shape
+    assert padded.keys[0, :, :, 0, 0].tolist() == [[4, 7, 4], [0, 0, 0], [2, 5, 1]]
+    valid = padded.valid()[None, :, :, None, None]
+    assert torch.equal(padded.keys * valid, ref.keys) and torch.equal(padded.values * valid, ref.values)
+
+
 def test_knobs_resolve_and_temperature():
     k = DraftKnobs(tree_width=2, confidence_temperatures=(2.0,)).resolve(gamma=5)
     assert (k.max_window, k.max_nodes, k.temperature(1), k.temperature(2)) == (5, 10, 2.0, 1.0)

@@ -77,6 +77,28 @@ def test_lm_head_projects_only_rows_still_drafting():
     assert projected == [1] * out.draft_lengths[0]
 
 
+@pytest.mark.parametrize("knobs", [DraftKnobs(), DraftKnobs(tree_width=2, branch_threshold=0.9),
+                                   DraftKnobs(min_window=2, survival_threshold=0.5)])
+def test_certain_depths_project_in_one_call_and_draft_as_depth_by_depth(knobs, monkeypatch):
+    """Without a survival stop every depth is certain: one LM-head call of batch x window rows; the min window
+    is certain otherwise. The trees equal those of projecting depth by depth (the slow oracle)."""
+    from sgl_dspark.drafter import sequential
+
+    drafter, _ = random_drafter(tiny_hf_config())
+    projected = []
+    base_logits = drafter.base_logits
+    drafter.base_logits = lambda hid: projected.append(hid.shape[0]) or base_logits(hid)
+    fast = Proposer(drafter, knobs).propose(make_input(drafter, batch=3))
+    eager = sequential.certain_depths(Proposer(drafter, knobs).knobs)
+    assert projected[0] == 3 * eager and eager == (4 if knobs.survival_threshold == 0 else 2)
+    monkeypatch.setattr(sequential, "certain_depths", lambda knobs: 0)
+    slow = Proposer(drafter, knobs).propose(make_input(drafter, batch=3))
+    assert fast.lm_head_rows == slow.lm_head_rows
+    for a, b in zip(fast.trees, slow.trees):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        torch.testing.assert_close(a.confidence, b.confidence)
+
+
 def test_calibration_temperatures_rescale_confidence():
     drafter, _ = random_drafter(tiny_hf_config())
     inp = make_input(drafter, batch=1)
