@@ -27,13 +27,14 @@ SKIPPED_STDLIB = ("encodings", "test", "idlelib", "lib2to3", "pydoc_data", "site
 
 @dataclass(frozen=True)
 class Record:
-    source: str  # "sharegpt" | "stdlib"
+    source: str  # "sharegpt" | "prompts" (target answers) | "stdlib" (raw text)
     ids: list[int]  # prompt + answer token ids
     loss_from: int  # first position whose next-token is trained on (the answer start; 0 for raw text)
 
 
 @dataclass(frozen=True)
 class Recipe:
+    prompts_file: str | None  # extra questions, one per line, answered like the ShareGPT ones
     sharegpt_prompts: int
     max_new_tokens: int
     max_prompt_tokens: int
@@ -122,26 +123,26 @@ def answer(base_url: str, prompt_ids: list[int], max_new_tokens: int) -> list[in
     return reply.json()["output_ids"]
 
 
-def target_answers(model_path: str, tokenizer, questions: list[str], recipe: Recipe, concurrency: int,
+def target_answers(model_path: str, tokenizer, questions: list[tuple[str, str]], recipe: Recipe, concurrency: int,
                    port: int) -> list[Record]:
     """The target answers each question greedily through the real server (no speculation), `concurrency` at once."""
     from sgl_dspark.server import ServerSpec, serving
 
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=True) for q in questions]
-    prompts = [list(p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p) for p in prompts]
-    prompts = [p for p in prompts if len(p) <= recipe.max_prompt_tokens]
+    prompts = [(src, tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                   tokenize=True)) for src, q in questions]
+    prompts = [(src, list(p["input_ids"] if hasattr(p, "keys") else p)) for src, p in prompts]
+    prompts = [(src, p) for src, p in prompts if len(p) <= recipe.max_prompt_tokens]
     spec = ServerSpec(model_path, port=port, max_running_requests=concurrency,
                       max_total_tokens=concurrency * (recipe.max_prompt_tokens + recipe.max_new_tokens) + 1024)
     with serving(spec) as server, ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(answer, server.base_url, p, recipe.max_new_tokens) for p in prompts]
+        futures = [pool.submit(answer, server.base_url, p, recipe.max_new_tokens) for _, p in prompts]
         bar = tqdm(futures, desc="target answers", unit="req")
         out, tokens, start = [], 0, time.perf_counter()
-        for prompt, fut in zip(prompts, bar):
+        for (src, prompt), fut in zip(prompts, bar):
             ids = fut.result()
             tokens += len(ids)
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
-            out.append(Record("sharegpt", prompt + ids, len(prompt)))
+            out.append(Record(src, prompt + ids, len(prompt)))
     return out
 
 
@@ -158,9 +159,13 @@ def build(model_path: str, out: Path, recipe: Recipe, concurrency: int, port: in
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    records = []
+    records, questions = [], []
+    if recipe.prompts_file:
+        lines = Path(recipe.prompts_file).read_text().splitlines()
+        questions += [("prompts", q.strip()) for q in lines if q.strip()]
     if recipe.sharegpt_prompts:
-        questions = sharegpt_questions(recipe.sharegpt_prompts, recipe.seed)
+        questions += [("sharegpt", q) for q in sharegpt_questions(recipe.sharegpt_prompts, recipe.seed)]
+    if questions:
         records += target_answers(model_path, tokenizer, questions, recipe, concurrency, port)
     if recipe.stdlib_tokens:
         records += stdlib_records(tokenizer, recipe.stdlib_tokens, recipe.chunk_tokens, recipe.seed)
@@ -169,7 +174,7 @@ def build(model_path: str, out: Path, recipe: Recipe, concurrency: int, port: in
     write_records(out / "train.jsonl", train)
     write_records(out / "heldout.jsonl", held)
     counts = {f"{name}_{src}_tokens": sum(len(r.ids) - r.loss_from for r in rs if r.source == src)
-              for name, rs in (("train", train), ("heldout", held)) for src in ("sharegpt", "stdlib")}
+              for name, rs in (("train", train), ("heldout", held)) for src in ("prompts", "sharegpt", "stdlib")}
     manifest = {"recipe": asdict(recipe), "target": model_path, "records": len(records), **counts}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -181,24 +186,29 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build a distillation set in --out")
     b.add_argument("--out", required=True, type=Path)
     b.add_argument("--model-path", default=None, help="target HF folder (default: the prepared default model)")
-    b.add_argument("--sharegpt-prompts", type=int, default=400)
-    b.add_argument("--max-new-tokens", type=int, default=256)
+    b.add_argument("--prompts-file", default=None, help="extra questions for the target, one per line")
+    b.add_argument("--sharegpt-prompts", type=int, default=300)
+    b.add_argument("--max-new-tokens", type=int, default=192)
     b.add_argument("--max-prompt-tokens", type=int, default=256)
-    b.add_argument("--stdlib-tokens", type=int, default=300_000)
+    b.add_argument("--stdlib-tokens", type=int, default=400_000)
     b.add_argument("--chunk-tokens", type=int, default=512)
     b.add_argument("--heldout-share", type=float, default=0.05)
-    b.add_argument("--concurrency", type=int, default=16)
-    b.add_argument("--port", type=int, default=30100)
+    b.add_argument("--concurrency", type=int, default=32)
+    b.add_argument("--port", type=int, default=30100, help="server port (0: any free port)")
     b.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from sgl_dspark.models import PrepareError, prepare
-    from sgl_dspark.server import ServerError
+    from sgl_dspark.server import ServerError, free_port
 
-    recipe = Recipe(args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens, args.stdlib_tokens,
+    if args.prompts_file and not Path(args.prompts_file).is_file():
+        print(f"sgl_dspark.data: error: --prompts-file {args.prompts_file} does not exist", file=sys.stderr)
+        return 1
+    recipe = Recipe(args.prompts_file, args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens, args.stdlib_tokens,
                     args.chunk_tokens, args.heldout_share, args.seed)
     try:
         model_path = args.model_path or str(prepare("float32").path)
-        print(json.dumps(build(model_path, args.out, recipe, args.concurrency, args.port), indent=2))
+        port = args.port or free_port()
+        print(json.dumps(build(model_path, args.out, recipe, args.concurrency, port), indent=2))
     except (ValueError, PrepareError, ServerError) as exc:
         print(f"sgl_dspark.data: error: {exc}", file=sys.stderr)
         return 1
