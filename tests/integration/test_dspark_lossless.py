@@ -131,3 +131,20 @@ def test_sampled_tokens_are_distributed_as_plain(tree_server, plain_samples):
     assert p_value > P_FLOOR, (p_value, table)
     accepted = sum(r["meta_info"].get("spec_num_correct_drafts", 0) for r in replies)
     assert accepted > SAMPLES // 10  # sampled drafts were accepted, not only rejected
+
+
+SHIPPED_SUBSET = [0, 3, 7, 10, 14, 18]  # chat and raw/code prompts
+
+
+def test_shipped_drafter_with_lookup_is_lossless(default_model_path, prompts, plain_reference, tmp_path_factory):
+    """The demo's configuration: the trained drafter committed in the package, plus context lookup, at concurrency
+    4; its drafts are accepted (accepted length > 1) and the output is still the plain server's."""
+    from conftest import dspark_spec
+    from sgl_dspark.models import SHIPPED_DRAFTER
+    from sgl_dspark.server import serving
+
+    spec = dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--speculative-dspark-lookup", "true")
+    with serving(spec, tmp_path_factory.mktemp("dspark-shipped")) as server:
+        replies = check_lossless(server, prompts, plain_reference, SHIPPED_SUBSET, 4)
+    steps = sum(r["meta_info"]["spec_verify_ct"] for r in replies)
+    assert sum(r["meta_info"]["completion_tokens"] for r in replies) / steps > 1.2
