@@ -129,6 +129,9 @@ def stop(server: RunningServer, grace_s: float = 20.0) -> None:
     deadline = time.monotonic() + 15.0
     while port_in_use(server.spec.port) and time.monotonic() < deadline:
         time.sleep(0.5)
+    from sgl_dspark.draft_worker.shm import sweep_stale
+
+    sweep_stale()  # shared-memory arenas of the draft worker the server's death left behind
 
 
 def _group_gone(process: subprocess.Popen, wait_s: float) -> bool:

@@ -24,7 +24,7 @@ from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorke
 from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Message, Propose, Proposed, Ready, Shutdown,
                                               WriteContext)
 from sgl_dspark.draft_worker.process import launch_command
-from sgl_dspark.draft_worker.shm import ALIGN, DTYPES, GrowingArena
+from sgl_dspark.draft_worker.shm import ALIGN, DEFAULT_DIR, DTYPES, GrowingArena
 from sgl_dspark.draft_worker.transport import Channel, ipc_address
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE
 from sgl_dspark.drafter.config import TargetSpec, parse_drafter_config
@@ -52,7 +52,7 @@ class WorkerSettings:
     seed: int = 0
     dtype: str = "float32"  # drafter dtype in the worker
     torch_threads: int = 1
-    shm_dir: str = "/dev/shm"  # RAM-backed directory for the arenas
+    shm_dir: str = DEFAULT_DIR  # RAM-backed directory for the arenas
     max_step_tokens: int = 8192  # initial request arena: context tokens written in one call
     max_batch: int = 8  # initial reply arena: requests proposed in one call (both arenas grow on demand)
     start_timeout_s: float = 60.0  # spawn -> Ready

@@ -55,7 +55,7 @@ class Arena:
     def create(directory: str, size: int, tag: str) -> "Arena":
         """A new file `<directory>/sgl_dspark_<pid>_<tag>_<random>` with its pages reserved, so a full tmpfs
         fails here (ENOSPC) rather than with SIGBUS on first touch."""
-        path = str(Path(directory) / f"sgl_dspark_{os.getpid()}_{tag}_{uuid.uuid4().hex[:8]}")
+        path = str(Path(directory) / f"{PREFIX}{os.getpid()}_{tag}_{uuid.uuid4().hex[:8]}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, max(size, ALIGN))
@@ -103,6 +103,32 @@ class Arena:
             unlink(self.path)
 
 
+PREFIX = "sgl_dspark_"
+DEFAULT_DIR = "/dev/shm"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(directory: str = DEFAULT_DIR) -> list[str]:
+    """Unlink arenas whose creating process is gone (a killed server cannot unlink its own; tmpfs pages are RAM).
+    Returns the removed paths."""
+    removed = []
+    for path in Path(directory).glob(f"{PREFIX}*"):
+        pid = path.name[len(PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            unlink(str(path))
+            removed.append(str(path))
+    return removed
+
+
 def unlink(path: str) -> None:
     try:
         os.unlink(path)
@@ -115,6 +141,7 @@ class GrowingArena:
 
     def __init__(self, directory: str, size: int, tag: str) -> None:
         self.directory, self.tag = directory, tag
+        sweep_stale(directory)
         self.arena = Arena.create(directory, size, tag)
 
     @property

@@ -98,3 +98,20 @@ def test_channel_request_reply_and_timeout(tmp_path):
 def test_ipc_address_refuses_a_path_too_long(tmp_path):
     with pytest.raises(ValueError, match="107"):
         ipc_address(tmp_path / ("x" * 120), "draft")
+
+
+def test_sweep_stale_removes_only_arenas_of_dead_processes(tmp_path):
+    import subprocess
+    import sys
+
+    from sgl_dspark.draft_worker.shm import Arena, sweep_stale
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"sgl_dspark_{int(dead.stdout)}_req_deadbeef"
+    stale.write_bytes(b"x")
+    live = Arena.create(str(tmp_path), 64, "rep")
+    other = tmp_path / "unrelated_file"
+    other.write_bytes(b"y")
+    assert sweep_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and other.exists() and (tmp_path / live.path.split("/")[-1]).exists()
+    live.close()
