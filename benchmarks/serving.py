@@ -99,13 +99,23 @@ def code_prompts(limit: int) -> list[str]:
     return mixed[:limit]
 
 
-def write_prompt_files(out_dir: Path, datasets: list[str], limit: int, seed: int, max_chars: int) -> dict[str, Path]:
-    loaders = {"chat": lambda: sharegpt_prompts(limit, seed, max_chars), "code": lambda: code_prompts(limit)}
+def write_prompt_files(out_dir: Path, datasets: list[str], concurrency: list[int], per_cell: int, seed: int,
+                       max_chars: int) -> dict[tuple[str, int], Path]:
+    """One prompt file per (dataset, concurrency), disjoint slices of the dataset, so no cell meets prompts an
+    earlier cell of the same server answered (NGRAM's shared n-gram cache would replay those outputs)."""
+    sizes = [max(per_cell, c) for c in concurrency]
+    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts}
     paths = {}
     for name in datasets:
-        path = out_dir / f"prompts-{name}.jsonl"
-        path.write_text("".join(json.dumps(custom_row(p)) + "\n" for p in loaders[name]()))
-        paths[name] = path
+        prompts = loaders[name](sum(sizes))
+        if len(prompts) < sum(sizes):
+            raise SystemExit(f"{name}: {len(prompts)} prompts, {sum(sizes)} needed (lower --num-prompts)")
+        start = 0
+        for conc, size in zip(concurrency, sizes):
+            path = out_dir / f"prompts-{name}-c{conc}.jsonl"
+            path.write_text("".join(json.dumps(custom_row(p)) + "\n" for p in prompts[start:start + size]))
+            paths[name, conc] = path
+            start += size
     return paths
 
 
@@ -236,20 +246,19 @@ def server_spec(args, config: str) -> ServerSpec:
                       extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)))
 
 
-def run_config(args, config: str, repeat: int, prompt_files: dict[str, Path]) -> list[Cell]:
+def run_config(args, config: str, repeat: int, prompt_files: dict[tuple[str, int], Path]) -> list[Cell]:
     cells = []
     log_dir = args.work_dir / f"server-{config}-r{repeat}"
     with serving(server_spec(args, config), log_dir) as server:
         warm_up(server.base_url)
         facts = server_facts(server.base_url, config)
-        for dataset, prompts in prompt_files.items():
-            for conc in args.concurrency:
-                tag = f"{config}-{dataset}-c{conc}-r{repeat}"
-                m = measure_cell(args, server, facts, prompts, conc, tag)
-                print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, accept "
-                      f"{m.accept_length or 0:.2f}, verify {m.verify_length or 0:.2f}, rss {m.server_rss_mb:.0f} MB",
-                      flush=True)
-                cells.append(Cell(config, dataset, conc, repeat, m))
+        for (dataset, conc), prompts in prompt_files.items():
+            tag = f"{config}-{dataset}-c{conc}-r{repeat}"
+            m = measure_cell(args, server, facts, prompts, conc, tag)
+            print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, accept "
+                  f"{m.accept_length or 0:.2f}, verify {m.verify_length or 0:.2f}, rss {m.server_rss_mb:.0f} MB",
+                  flush=True)
+            cells.append(Cell(config, dataset, conc, repeat, m))
     return cells
 
 
@@ -317,8 +326,8 @@ def measure(args) -> tuple[list[Cell], dict]:
     args.configs = sorted(args.configs, key=lambda c: c != BASELINE)  # the baseline first in every repeat
     args.work_dir = args.out / f"{args.name}-work"
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    pool = max(200, args.num_prompts, max(args.concurrency))  # prompts written per dataset
-    prompt_files = write_prompt_files(args.work_dir, args.datasets, pool, args.seed, args.max_prompt_chars)
+    prompt_files = write_prompt_files(args.work_dir, args.datasets, args.concurrency, args.num_prompts, args.seed,
+                                      args.max_prompt_chars)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     cells: list[Cell] = []
     for repeat in range(args.repeats):

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEDULER_MODES = ("prefix", "lagged", "off")
+GEMM_MODES = ("onednn", "native")
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_PRESET = "default"
 PRESET_META_KEYS = ("description",)  # allowed in preset files, not knobs
@@ -41,6 +43,10 @@ class DSparkConfig:
     lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
     draft_process: bool  # draft in a separate worker process (true) or in the scheduler process (false)
     trace: str | None  # JSONL file the worker appends one record per request per decode step to (None: off)
+    cpu_gemm: str  # linear layers on CPU (target and drafter): "onednn" (packed weights, flat in rows) or "native"
+    draft_ahead: bool  # start the next step's drafting on the draft worker's core while the step finishes
+    # (measured neutral on a 2-core CPU: the shorter wait is paid back by memory-bandwidth contention)
+    draft_dtype: str  # the drafter's dtype: "float32", "bfloat16", or "auto" (bfloat16 where the CPU has bf16 GEMM)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -119,6 +125,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lookup": (lambda v: isinstance(v, bool), "true | false"),
     "draft_process": (lambda v: isinstance(v, bool), "true | false"),
     "trace": (_optional(_is_path), "null or a non-empty path"),
+    "cpu_gemm": (lambda v: v in GEMM_MODES, " | ".join(GEMM_MODES)),
+    "draft_ahead": (lambda v: isinstance(v, bool), "true | false"),
+    "draft_dtype": (lambda v: v in DRAFT_DTYPES, " | ".join(DRAFT_DTYPES)),
 }
 KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
 assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"

@@ -24,6 +24,7 @@ class StepStats:
     draft_s: float  # drafting + scheduling wall time
     verify_s: float  # target forward wall time
     commit_s: float  # acceptance + KV commit wall time
+    drafted_ahead: int = 0  # requests whose draft was made ahead (during the previous step's tail)
 
 
 # -- per-request counts: worker -> SGLang's GenerationBatchResult -> Req -> tokenizer meta_info ---------------
@@ -91,6 +92,7 @@ class Totals:
     draft_s: float = 0.0
     verify_s: float = 0.0
     commit_s: float = 0.0
+    drafted_ahead: int = 0
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
@@ -101,6 +103,7 @@ class Totals:
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.commit_s += s.commit_s
+        self.drafted_ahead += s.drafted_ahead
 
     def line(self) -> str:
         """Per request-step means (accept_len is tau, bonus included) and per-step milliseconds of each phase."""
@@ -110,7 +113,8 @@ class Totals:
         return (f"DSpark decode: steps={self.steps} accept_len={self.accepted / n:.2f} "
                 f"draft_len={self.drafted / n:.2f} verify_len={self.verified / n:.2f} accept_rate={rate:.2f} "
                 f"draft_ms={self.draft_s * ms:.1f} verify_ms={self.verify_s * ms:.1f} "
-                f"commit_ms={self.commit_s * ms:.1f} draft_failures={self.draft_failures}")
+                f"commit_ms={self.commit_s * ms:.1f} drafted_ahead={self.drafted_ahead / n:.2f} "
+                f"draft_failures={self.draft_failures}")
 
 
 class Series:

@@ -5,9 +5,12 @@ feature capture, the draft client, the step-cost table and the verify scheduler.
 """
 
 import json
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from sgl_dspark.calibration import load_calibration
 from sgl_dspark.config import DSparkConfig
@@ -15,8 +18,11 @@ from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
 from sgl_dspark.draft_worker.client import DraftClient
 from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, parse_drafter_config
 from sgl_dspark.lookup import LookupKnobs
+from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter, pack_model
 from sgl_dspark.profiler import SavingScheduler, startup_table
 from sgl_dspark.scheduler import Scheduler, make_scheduler
+
+logger = logging.getLogger("sgl_dspark")
 
 # Until the table is profiled at start-up (and if profiling fails), the step cost grows ~8% per verified token
 # (measured on CPU: verifying 8 tokens costs ~1.6x a plain step); the online refit then corrects it.
@@ -44,13 +50,25 @@ class WorkerSetup:
             from sgl_dspark.draft_worker.local import LocalDraftClient
             from sgl_dspark.drafter import load_drafter
 
-            drafter = load_drafter(self.drafter_path, self.target, self.target_weights)
+            dtype = getattr(torch, self.draft_dtype)
+            weights = TargetWeights(self.target_weights.embed.to(dtype), self.target_weights.lm_head.to(dtype))
+            drafter = load_drafter(self.drafter_path, self.target, weights, dtype)
+            if self.config.cpu_gemm == "onednn":
+                pack_drafter(drafter)
             return LocalDraftClient(drafter, self.draft_knobs(), num_slots, seed)
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
         run_dir = tempfile.mkdtemp(prefix="dspark-")  # short: a Unix socket path holds at most 107 bytes
         return ProcessDraftClient(WorkerSettings(self.drafter_path, self.target_path, self.target,
-                                                 self.draft_knobs(), num_slots, run_dir, seed=seed))
+                                                 self.draft_knobs(), num_slots, run_dir, seed=seed, dtype=self.draft_dtype,
+                                                 gemm=self.config.cpu_gemm if onednn_available() else "native"))
+
+    @property
+    def draft_dtype(self) -> str:
+        """The draft_dtype knob, "auto" resolved for this CPU."""
+        if self.config.draft_dtype != "auto":
+            return self.config.draft_dtype
+        return "bfloat16" if cpu_bf16_fast() else "float32"
 
     def draft_knobs(self):
         path = calibration_path(self.config, self.drafter_path)
@@ -103,6 +121,16 @@ def capture_target_features(model, layer_ids: tuple[int, ...], num_layers: int) 
     model.set_dflash_layers_to_capture(list(layer_ids))
 
 
+def use_packed_gemm(model) -> None:
+    """The target's linear layers and LM head on oneDNN packed weights (sgl_dspark.packed_gemm)."""
+    if not onednn_available():
+        raise ValueError("--speculative-dspark-cpu-gemm onednn: this torch build has no oneDNN; "
+                         "set --speculative-dspark-cpu-gemm native")
+    report = pack_model(model, getattr(model, "lm_head", None))
+    logger.info("sgl-dspark: %d target linear layers on oneDNN packed weights (%.0f MB freed, %.0f MB added)",
+                report.layers, report.freed_bytes / 2**20, report.added_bytes / 2**20)
+
+
 def max_verify_tokens(config: DSparkConfig, gamma: int, lookup: LookupKnobs) -> int:
     window = min(config.max_window or gamma, gamma)
     nodes = (config.max_tree_nodes or window * config.tree_width) + (lookup.max_nodes if config.lookup else 0)
@@ -117,6 +145,8 @@ def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     drafter_config = read_drafter_config(drafter_path, target)
     model = model_runner.model
     capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
+    if str(model_runner.device) == "cpu" and config.cpu_gemm == "onednn":
+        use_packed_gemm(model)
     verify_tokens = max_verify_tokens(config, drafter_config.gamma, LOOKUP)
     table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
     scheduler = make_scheduler(config, table)

@@ -156,19 +156,21 @@ class DSparkWorker(BaseSpecWorker):
     # -- decode: draft -> plan -> pack -> verify -> commit -> observe --------------------------------------
 
     def decode(self, batch, on_publish):
-        start = time.perf_counter()
+        start, hits = time.perf_counter(), self.client.ahead_hits
         step = self.draft_and_plan(batch)
         drafted_at = time.perf_counter()
         self.prepare_verify(batch, step)
         out = self.target_worker.forward_batch_generation(batch, is_verify=True)
         verified_at = time.perf_counter()
         results = self.verify(batch, step, out.logits_output.next_token_logits)
+        accepted = accept_rows(results, step.rows.width, self.stride)
+        new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
+        if self.setup.config.draft_ahead:  # as early as possible: it overlaps the rest of the step
+            self.draft_ahead(batch, new_seq_lens, accepted)
         self.learn_lookup(batch, step, results)
         if self.tracer is not None:
             self.tracer.write([step_trace(req.rid, g, n, r)
                                for req, g, n, r in zip(batch.reqs, step.trees, step.drafted, results)])
-        accepted = accept_rows(results, step.rows.width, self.stride)
-        new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
         out.logits_output.hidden_states = None
         batch.forward_mode = ForwardMode.DECODE
         if on_publish is not None:
@@ -176,7 +178,7 @@ class DSparkWorker(BaseSpecWorker):
         self.scheduler.observe(StepResult(step.rows.tokens.numel(), verified_at - drafted_at))
         self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
                                        drafted_at - start, verified_at - drafted_at,
-                                       time.perf_counter() - verified_at))
+                                       time.perf_counter() - verified_at, self.client.ahead_hits - hits))
         cap_lens, block_accept_lens = result_counts(step.drafted, step.rows.sizes)
         return GenerationBatchResult(
             cap_lens=cap_lens.to(self.device), block_accept_lens=block_accept_lens.to(self.device),
@@ -209,19 +211,31 @@ class DSparkWorker(BaseSpecWorker):
             self.lookup.entries[req.rid].stats.observe(outcome(g, result))
         self.metrics.lookup_tokens += sum(lookup_accepted(g, r) for g, r in zip(step.trees, results))
 
-    def draft(self, batch, seq_lens: list[int], anchors: list[int]) -> list[DraftTree]:
+    def draft_batch(self, batch, seq_lens: list[int], anchors: list[int]) -> DraftBatch:
         req_to_token = self.req_to_token_pool.req_to_token
         pool_idx = batch.req_pool_indices.cpu().tolist()
-        draft = DraftBatch(
+        return DraftBatch(
             context_slots=tuple(req_to_token[i, :n].cpu().long() for i, n in zip(pool_idx, seq_lens)),
             anchors=torch.tensor(anchors, dtype=torch.long),
             anchor_positions=torch.tensor(seq_lens, dtype=torch.long),
             sampling=tuple(request_sampling(req) for req in batch.reqs))
+
+    def draft(self, batch, seq_lens: list[int], anchors: list[int]) -> list[DraftTree]:
         try:
-            return self.client.propose(draft)
+            return self.client.propose(self.draft_batch(batch, seq_lens, anchors))
         except DraftWorkerUnavailable:
             self.metrics.draft_worker_failed()
             return [root_only(a) for a in anchors]
+
+    def draft_ahead(self, batch, new_seq_lens: torch.Tensor, accepted) -> None:
+        """The next step's drafting starts now, on the draft worker's core, while this process finishes the step
+        (the request set may change before then: the worker keeps only drafts whose request key still matches)."""
+        lens = accepted.accept_lens.long()
+        anchors = accepted.tokens[torch.arange(lens.shape[0]), lens - 1].tolist()  # each request's bonus token
+        try:
+            self.client.draft_ahead(self.draft_batch(batch, new_seq_lens.cpu().tolist(), anchors))
+        except DraftWorkerUnavailable:
+            self.metrics.draft_worker_failed()
 
     def prepare_verify(self, batch, step: DecodeStep) -> None:
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -255,14 +269,14 @@ class DSparkWorker(BaseSpecWorker):
     def commit(self, batch, step: DecodeStep, accepted, hidden: torch.Tensor) -> torch.Tensor:
         """Move the accepted path's KV to the front of each request's verify window, and give the drafter the
         features of those rows at their final slots."""
-        index = accepted.accept_index.to(self.device)
-        lens = accepted.accept_lens.to(self.device)
-        move_accept_tokens_to_target_kvcache(batch, index, lens - 1, self.token_to_kv_pool_allocator)
         width = step.rows.width
         front = torch.cat([torch.arange(b * width, b * width + int(n)) for b, n in enumerate(accepted.accept_lens)])
         kept = accepted.accept_index[accepted.accept_index >= 0]
         positions = torch.cat([torch.arange(s, s + int(n)) for s, n in zip(step.seq_lens, accepted.accept_lens)])
         self.write_context(batch.out_cache_loc[front.to(self.device)], positions, hidden[kept.to(hidden.device)])
+        index = accepted.accept_index.to(self.device)
+        lens = accepted.accept_lens.to(self.device)
+        move_accept_tokens_to_target_kvcache(batch, index, lens - 1, self.token_to_kv_pool_allocator)
         return batch.seq_lens + lens.to(batch.seq_lens.dtype)
 
     def relay(self, seq_lens: torch.Tensor, tokens: torch.Tensor, lens: torch.Tensor) -> NgramVerifyInput:

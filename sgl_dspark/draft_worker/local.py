@@ -36,6 +36,7 @@ class LocalDraftClient:
         self.store = SlotContextStore(drafter, num_slots)
         self.proposer = Proposer(drafter, knobs)
         self.generator = torch.Generator().manual_seed(seed)
+        self.ahead_hits = 0
 
     def write_context(self, update: ContextUpdate) -> None:
         self.store.write(update)
@@ -44,6 +45,9 @@ class LocalDraftClient:
         inp = ProposeInput(self.store.gather(batch.context_slots), batch.anchors, batch.anchor_positions,
                            batch.sampling, self.generator)
         return list(self.proposer.propose(inp).trees)
+
+    def draft_ahead(self, batch: DraftBatch) -> None:
+        """In-process there is no second core to draft on while the caller works: nothing to do."""
 
     def close(self) -> None:
         pass

@@ -37,6 +37,7 @@ class Init(_Message):
     dtype: str  # drafter dtype, e.g. "float32"
     torch_threads: int
     arenas: tuple[str, ...]  # request and reply arena paths (unlinked by the worker only if orphaned)
+    gemm: str = "native"  # "onednn": the drafter's linear layers on packed weights (sgl_dspark.packed_gemm)
 
 
 class Ready(_Message):
@@ -58,6 +59,7 @@ class Propose(_Message):
     anchor_positions: TensorRef  # [B] int64
     sampling: tuple[SamplingParams, ...]  # [B]
     reply_arena: str  # arena the worker writes the Proposed tensors into (a new path once it grew)
+    ahead: bool = False  # answer Ack at once, then draft; the next Propose reuses those trees where keys match
 
 
 class Proposed(_Message):
@@ -69,6 +71,7 @@ class Proposed(_Message):
     parents: TensorRef  # [N] int64
     confidence: TensorRef  # [N] float32
     draft_probs: TensorRef | None  # [sum of sizes[i] where has_probs[i], V] float32
+    ahead: int = 0  # trees that were drafted ahead (while the caller worked)
 
 
 class Ping(_Message):
@@ -80,7 +83,7 @@ class Pong(_Message):
 
 
 class Ack(_Message):
-    """Reply to WriteContext and Shutdown."""
+    """Reply to WriteContext, Shutdown and Propose(ahead=True)."""
 
 
 class Shutdown(_Message):

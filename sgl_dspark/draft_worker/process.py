@@ -23,6 +23,7 @@ from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Message, Ping, P
 from sgl_dspark.draft_worker.shm import DTYPES, ArenaMaps, unlink
 from sgl_dspark.draft_worker.transport import Channel, ipc_path
 from sgl_dspark.drafter import TargetWeights, load_drafter
+from sgl_dspark.packed_gemm import pack_drafter
 from sgl_dspark.tree import DraftTree
 
 EMBED_WEIGHT = "model.embed_tokens.weight"
@@ -49,6 +50,8 @@ def load_engine(init: Init) -> LocalDraftClient:
     dtype = DTYPES[init.dtype]
     weights = load_target_weights(init.target_path, dtype)
     drafter = load_drafter(init.drafter_path, init.target, weights, dtype)
+    if init.gemm == "onednn":
+        pack_drafter(drafter)
     return LocalDraftClient(drafter, init.knobs, init.num_slots, init.seed)
 
 
@@ -60,6 +63,8 @@ class Worker:
         self.maps = ArenaMaps()
         self.arenas: set[str] = set()  # client arena paths seen; unlinked here only if the client dies
         self.engine: LocalDraftClient | None = None
+        self.ahead: DraftBatch | None = None  # drafted right after the reply (Propose with ahead=True)
+        self.drafted: dict[tuple, DraftTree] = {}  # request key (DraftBatch.key) -> tree drafted ahead
         self.running = True
         self.handlers = {Init: self.init, WriteContext: self.write, Propose: self.propose, Ping: self.ping,
                          Shutdown: self.shutdown}
@@ -76,6 +81,7 @@ class Worker:
                     self.channel.send(self.answer(message), REPLY_TIMEOUT_S)
                 except zmq.Again:  # the client gave up on us and will start a successor
                     return 1
+                self.draft_ahead()
         return 0
 
     def answer(self, message: Message) -> Message:
@@ -102,16 +108,39 @@ class Worker:
 
     def write(self, message: WriteContext) -> Ack:
         update = ContextUpdate(self.view(message.slots), self.view(message.positions), self.view(message.features))
+        self.drafted.clear()  # the new rows may be context a draft made ahead has read
         self.engine.write_context(update)
         return Ack()
 
-    def propose(self, message: Propose) -> Proposed:
+    def propose(self, message: Propose) -> Proposed | Ack:
         slots = self.view(message.context_slots).split(list(message.context_lengths))
         batch = DraftBatch(tuple(slots), self.view(message.anchors), self.view(message.anchor_positions),
                            message.sampling)
-        return self.reply(self.engine.propose(batch), message.reply_arena)
+        if message.ahead:  # copies: the arena holds the client's next request by the time we draft
+            self.ahead = DraftBatch(tuple(s.clone() for s in batch.context_slots), batch.anchors.clone(),
+                                    batch.anchor_positions.clone(), batch.sampling)
+            return Ack()
+        drafted, self.drafted = self.drafted, {}
+        trees = [drafted.get(batch.key(i)) for i in range(len(batch.context_slots))]
+        missing = [i for i, tree in enumerate(trees) if tree is None]
+        if missing:
+            for i, tree in zip(missing, self.engine.propose(batch.select(missing))):
+                trees[i] = tree
+        return self.reply(trees, message.reply_arena, ahead=len(trees) - len(missing))
 
-    def reply(self, trees: list[DraftTree], path: str) -> Proposed:
+    def draft_ahead(self) -> None:
+        """After the reply to Propose(ahead=True): draft that batch while the client goes on."""
+        batch, self.ahead = self.ahead, None
+        if batch is None:
+            return
+        try:
+            trees = self.engine.propose(batch)
+        except Exception as exc:  # the next Propose drafts afresh and reports any error itself
+            print(f"draft worker {os.getpid()}: drafting ahead failed: {exc}", file=sys.stderr)
+            return
+        self.drafted = {batch.key(i): tree for i, tree in enumerate(trees)}
+
+    def reply(self, trees: list[DraftTree], path: str, ahead: int = 0) -> Proposed:
         """Trees -> concatenated tensors in the client's reply arena."""
         self.arenas.add(path)
         arena = self.maps.get(path)
@@ -120,7 +149,7 @@ class Worker:
                                        for f in ("tokens", "parents", "confidence"))
         probs = [t.draft_probs for t in trees if t.draft_probs is not None]
         return Proposed(tuple(t.size for t in trees), tuple(t.draft_probs is not None for t in trees), tokens,
-                        parents, confidence, arena.put(torch.cat(probs)) if probs else None)
+                        parents, confidence, arena.put(torch.cat(probs)) if probs else None, ahead)
 
     def ping(self, message: Ping) -> Pong:
         return Pong(os.getpid())

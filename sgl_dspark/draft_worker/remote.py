@@ -52,6 +52,7 @@ class WorkerSettings:
     seed: int = 0
     dtype: str = "float32"  # drafter dtype in the worker
     torch_threads: int = 1
+    gemm: str = "native"  # "onednn": pack the drafter's linear layers (sgl_dspark.packed_gemm)
     shm_dir: str = DEFAULT_DIR  # RAM-backed directory for the arenas
     max_step_tokens: int = 8192  # initial request arena: context tokens written in one call
     max_batch: int = 8  # initial reply arena: requests proposed in one call (both arenas grow on demand)
@@ -185,13 +186,6 @@ class SlotLedger:
         return counts.nonzero().flatten().tolist()
 
 
-def select(batch: DraftBatch, rows: list[int]) -> DraftBatch:
-    index = torch.tensor(rows, dtype=torch.long)
-    sampling = tuple(batch.sampling[i] for i in rows) if batch.sampling else ()
-    return DraftBatch(tuple(batch.context_slots[i] for i in rows), batch.anchors[index.to(batch.anchors.device)],
-                      batch.anchor_positions[index.to(batch.anchor_positions.device)], sampling)
-
-
 def anchor_only(batch: DraftBatch, i: int, vocab: int) -> DraftTree:
     """The no-draft tree of request i (the anchor alone): the request decodes one token, as without speculation."""
     sampled = bool(batch.sampling) and not batch.sampling[i].is_greedy
@@ -233,6 +227,7 @@ class ProcessDraftClient:
         self.replies = GrowingArena(settings.shm_dir, reply_bytes_, "rep")
         self.ledger = SlotLedger(settings.num_slots)
         self._generation, self._failures = 0, 0
+        self.ahead_hits = 0
         self._lock, self._closing = threading.Lock(), threading.Event()
         self._pending: WorkerHandle | None = None
         self._restarter: threading.Thread | None = None
@@ -255,10 +250,15 @@ class ProcessDraftClient:
         ready = self._live().ready
         stale = set(self.ledger.stale(batch.context_slots))
         fresh = [i for i in range(batch.anchors.shape[0]) if i not in stale]
-        sub = select(batch, fresh) if stale else batch
+        sub = batch.select(fresh) if stale else batch
         trees = dict(zip(fresh, self._propose(sub))) if fresh else {}
         trees |= {i: anchor_only(batch, i, ready.probs_width) for i in stale}
         return [trees[i] for i in range(batch.anchors.shape[0])]
+
+    def draft_ahead(self, batch: DraftBatch) -> None:
+        """Only for a batch whose context is all written in this generation (else the worker drafts nothing)."""
+        if self._handle is not None and not self.ledger.stale(batch.context_slots):
+            self._propose(batch, ahead=True)
 
     def close(self) -> None:
         """Shut the worker down (Shutdown, wait, SIGKILL after stop_timeout_s) and free the arenas. Idempotent."""
@@ -301,14 +301,19 @@ class ProcessDraftClient:
 
     # ---- requests --------------------------------------------------------------------------------------------
 
-    def _propose(self, batch: DraftBatch) -> list[DraftTree]:
+    def _propose(self, batch: DraftBatch, ahead: bool = False) -> list[DraftTree]:
         lengths = tuple(s.numel() for s in batch.context_slots)
         slots, anchors, positions = self.requests.put_all([torch.cat(batch.context_slots), batch.anchors,
                                                            batch.anchor_positions])
         ready = self._handle.ready
         self.replies.ensure(reply_bytes(len(lengths), ready.max_tree_size, ready.probs_width))
-        message = Propose(slots, lengths, anchors, positions, tuple(batch.sampling), self.replies.path)
-        return unpack(self._call(message, self.settings.propose_timeout_s, Proposed), self.replies)
+        message = Propose(slots, lengths, anchors, positions, tuple(batch.sampling), self.replies.path, ahead)
+        if ahead:
+            self._call(message, self.settings.write_timeout_s, Ack)
+            return []
+        reply = self._call(message, self.settings.propose_timeout_s, Proposed)
+        self.ahead_hits += reply.ahead
+        return unpack(reply, self.replies)
 
     def _call(self, message: Message, timeout_s: float, expect: type) -> Message:
         handle = self._live()
@@ -330,7 +335,7 @@ class ProcessDraftClient:
     def _start(self) -> WorkerHandle:
         s = self.settings
         init = Init(s.drafter_path, s.target_path, s.target, s.knobs, s.num_slots, s.seed, s.dtype,
-                    s.torch_threads, (self.requests.path, self.replies.path))
+                    s.torch_threads, (self.requests.path, self.replies.path), s.gemm)
         return WorkerHandle.start(s, init, self._closing)
 
     def _live(self) -> WorkerHandle:

@@ -5,6 +5,7 @@ K/V rows, and one block pass (anchor + mask tokens) -> hidden states h_1..h_gamm
 are borrowed (TargetWeights), never owned or saved. Must not sample, schedule, or import SGLang.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,7 @@ class DSparkDrafter(nn.Module):
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self._target: TargetWeights | None = None
         self._lm_rows: torch.Tensor | None = None  # [D, H] LM-head rows of the draft vocabulary
+        self._lm_project: Callable[[torch.Tensor], torch.Tensor] | None = None  # hidden [N, H] -> [N, D]
         if target is not None:
             self.attach_target(target)
 
@@ -63,6 +65,22 @@ class DSparkDrafter(nn.Module):
         self._target = target
         ids, lm_head = self.draft_to_target, target.lm_head.detach()
         self._lm_rows = lm_head if ids is None else lm_head[ids.to(lm_head.device)]
+        self._lm_project = None
+
+    def set_lm_projection(self, project: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Compute U = hidden @ lm_rows^T with `project` (e.g. on packed weights); reset by attach_target."""
+        self._lm_project = project
+
+    @property
+    def lm_rows(self) -> torch.Tensor:
+        """[D, H] the LM-head rows of the draft vocabulary."""
+        if self._lm_rows is None:
+            raise RuntimeError("DSparkDrafter: attach_target() was not called")
+        return self._lm_rows
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
 
     @property
     def target(self) -> TargetWeights:
@@ -89,8 +107,7 @@ class DSparkDrafter(nn.Module):
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
         """features [T, n_target_layers * H] (target layer outputs, in target_layer_ids order), positions [T]
         -> per-draft-layer context K/V rows. Rows of different tokens are independent (cache them freely)."""
-        dtype = self.fc.weight.dtype
-        ctx = self.hidden_norm(self.fc(features.to(dtype)))  # [T, H]
+        ctx = self.hidden_norm(self.fc(features.to(self.dtype)))  # [T, H]
         pairs = [layer.self_attn.keys_values(ctx, positions, self.rotary) for layer in self.layers]
         return ContextKV(torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs]))
 
@@ -105,7 +122,7 @@ class DSparkDrafter(nn.Module):
         """One parallel pass. context: per-request K/V; anchors [B]; anchor_positions [B] (the anchor's own
         position, one past the last context token) -> final-normed hidden h_1..h_gamma [B, gamma, H]."""
         ids = self.block_ids(anchors.long())
-        x = F.embedding(ids, self.target.embed).to(self.fc.weight.dtype)  # [B, q, H]
+        x = F.embedding(ids, self.target.embed).to(self.dtype)  # [B, q, H]
         positions = anchor_positions.long()[:, None] + torch.arange(ids.shape[1], device=ids.device)
         valid = context.valid()
         for i, layer in enumerate(self.layers):
@@ -117,9 +134,10 @@ class DSparkDrafter(nn.Module):
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> U [N, D] over the draft vocabulary (the full vocabulary unless reduced)."""
-        if self._lm_rows is None:
-            raise RuntimeError("DSparkDrafter: attach_target() was not called")
-        return hidden.to(self._lm_rows.dtype) @ self._lm_rows.T
+        rows = self.lm_rows
+        if self._lm_project is not None:
+            return self._lm_project(hidden.to(rows.dtype))
+        return hidden.to(rows.dtype) @ rows.T
 
     def confidence_logit(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, H], prev_tokens [N] (x_{k-1}) -> raw confidence logit [N], or None without a head."""

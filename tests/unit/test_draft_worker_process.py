@@ -183,6 +183,36 @@ def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling):
     assert remote.generation == 0 and remote.stale_requests(b) == []
 
 
+def assert_close_trees(got, want):
+    """Same tokens and tree; confidences up to rounding (a request drafted alone pads its context differently)."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        torch.testing.assert_close(a.confidence, b.confidence, rtol=1e-5, atol=1e-6)
+
+
+def test_drafts_made_ahead_are_reused_only_where_the_request_is_unchanged(folders, remote, one_thread):
+    local = local_client(folders)
+    updates = context(seed=5)
+    for u in updates:
+        local.write_context(u)
+        remote.write_context(u)
+    greedy = (GREEDY, GREEDY, GREEDY)
+    b = batch(updates, greedy)
+    hits = remote.ahead_hits
+    remote.draft_ahead(b)
+    assert_close_trees(remote.propose(b), local.propose(b))
+    assert remote.ahead_hits - hits == 3
+    moved = batch(updates, greedy, anchors=(7, 12, 23))  # request 1 has another anchor: drafted afresh
+    remote.draft_ahead(b)
+    assert_close_trees(remote.propose(moved), local.propose(moved))
+    assert remote.ahead_hits - hits == 3 + 2
+    remote.draft_ahead(b)
+    remote.write_context(updates[0])  # new context rows: nothing drafted ahead is trusted
+    assert_close_trees(remote.propose(b), local.propose(b))
+    assert remote.ahead_hits - hits == 3 + 2
+
+
 def test_killed_worker_fails_fast_restarts_and_drafts_again_after_rewrite(folders, run_dir, one_thread, caplog):
     client = ProcessDraftClient(settings(folders, run_dir))
     try:

@@ -129,3 +129,16 @@ def test_rest_of_step_is_accept_len_times_tpot_minus_phases():
     assert with_rest_of_step(phases, 1.0, 20.0)["rest"] == 0.0  # never negative
     assert with_rest_of_step({}, 2.0, 25.0) == {}
     assert with_rest_of_step(phases, None, 25.0) == phases
+
+
+def test_each_cell_gets_its_own_prompts(tmp_path):
+    import json
+
+    from benchmarks.serving import write_prompt_files
+
+    files = write_prompt_files(tmp_path, ["code"], [1, 4], per_cell=2, seed=0, max_chars=1500)
+    rows = {key: [json.loads(line) for line in path.read_text().splitlines()] for key, path in files.items()}
+    assert sorted(files) == [("code", 1), ("code", 4)]
+    assert [len(rows["code", 1]), len(rows["code", 4])] == [2, 4]  # at least the concurrency
+    first = {r["conversations"][0]["content"] for r in rows["code", 1]}
+    assert not first & {r["conversations"][0]["content"] for r in rows["code", 4]}

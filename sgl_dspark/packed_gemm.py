@@ -1,0 +1,120 @@
+"""Linear layers on CPU through oneDNN GEMM on weights packed once at start-up: the target's (and its LM head)
+inside SGLang, and the drafter's in the draft worker.
+
+Why: a verify forward runs 2-16 rows per request, and on CPU the fp32 sgemm that `F.linear` reaches costs 2-4x
+its one-row gemv for 4-12 rows, so verifying a draft looked expensive; oneDNN on pre-packed weights stays within
+~1.3x from 1 to 16 rows (`python benchmarks/gemm.py`). Owns the packing and the quant method that runs it; must
+not change which rows are computed (only the GEMM kernel, whose rounding differs from MKL's like gemm from gemv).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# SGLang's quant methods of plain float weights (linear layers; the LM head, which may be the tied embedding)
+PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def cpu_bf16_fast() -> bool:
+    """Whether oneDNN has native bf16 GEMM here (AVX512-BF16 / AMX), where a bf16 drafter reads half the bytes."""
+    return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] float -> the same matrix in oneDNN's blocked layout (an opaque tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ packed^T (+ bias) -> [..., out]."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class PackedLinearMethod:
+    """A module's quant method whose `apply` (the linear / LM-head product) runs on packed weights; everything else
+    (the embedding lookup of a tied LM head, weight-loading hooks) is the original method's."""
+
+    def __init__(self, inner, packed: torch.Tensor):
+        self.inner = inner
+        self.packed = packed
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return packed_linear(x, self.packed, bias)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["inner"], name)
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear on packed weights (the original weight is dropped)."""
+
+    MIN_OUT = 64  # narrower layers (the confidence head's single output) gain nothing
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = pack(linear.weight)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.packed, self.bias)
+
+
+def pack_drafter(drafter: nn.Module) -> int:
+    """Every nn.Linear of the drafter (CPU float, at least MIN_OUT wide) -> PackedLinear, and its LM-head rows
+    projection on packed rows. Inference only: packed layers have no gradient. Returns the layers packed."""
+    count = 0
+    for parent in list(drafter.modules()):
+        for name, child in list(parent.named_children()):
+            if (type(child) is nn.Linear and child.out_features >= PackedLinear.MIN_OUT
+                    and is_float_cpu(child.weight)):
+                setattr(parent, name, PackedLinear(child))
+                count += 1
+    rows = drafter.lm_rows
+    if is_float_cpu(rows):
+        packed = pack(rows)
+        drafter.set_lm_projection(lambda hidden: packed_linear(hidden, packed))
+        count += 1
+    return count
+
+
+@dataclass(frozen=True)
+class PackReport:
+    layers: int  # modules now running on packed weights
+    freed_bytes: int  # original weights released (linear layers; an embedding keeps its table)
+    added_bytes: int  # packed copies kept beside an original that is still needed (the tied LM head)
+
+
+def pack_model(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
+    """Swap the quant method of every plain float linear layer of `model` (and of `lm_head`, when given) for a
+    PackedLinearMethod. Linear layers drop their original weight; the LM head keeps it when it is the embedding."""
+    layers, freed, added = 0, 0, 0
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if type(method).__name__ not in PLAIN_METHODS or not is_float_cpu(weight):
+            continue
+        is_head = module is lm_head
+        if type(method).__name__ == "UnquantizedEmbeddingMethod" and not is_head:
+            continue  # an embedding that is not the LM head only looks rows up
+        module.quant_method = PackedLinearMethod(method, pack(weight))
+        layers += 1
+        if type(method).__name__ == "UnquantizedLinearMethod":
+            freed += weight.numel() * weight.element_size()
+            module.weight.data = weight.data.new_empty(0)
+        else:
+            added += weight.numel() * weight.element_size()
+    return PackReport(layers, freed, added)
+
+
+def is_float_cpu(weight) -> bool:
+    return (isinstance(weight, torch.Tensor) and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.dtype in (torch.float32, torch.bfloat16))

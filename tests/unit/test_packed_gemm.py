@@ -1,0 +1,55 @@
+"""oneDNN packed-weight linear layers: equal to nn.Linear up to float rounding, the drafter drafts the same blocks
+with them, and only wide float linear layers are swapped."""
+
+import pytest
+import torch
+from torch import nn
+
+from sgl_dspark.drafter import Proposer, ProposeInput, pad_contexts
+from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.packed_gemm import PackedLinear, onednn_available, pack_drafter, packed_linear, pack
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])
+def test_packed_linear_equals_linear(rows):
+    torch.manual_seed(rows)
+    linear = nn.Linear(48, 96).requires_grad_(False)
+    x = torch.randn(2, rows, 48)  # leading dims are kept
+    want = linear(x)
+    got = PackedLinear(linear)(x)
+    assert got.shape == (2, rows, 96)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed_linear(x[0], pack(linear.weight)), x[0] @ linear.weight.T, rtol=1e-5, atol=1e-5)
+
+
+def drafter_and_input():
+    cfg = tiny_hf_config(hidden_size=64, intermediate_size=128, head_dim=16, num_attention_heads=4,
+                         num_key_value_heads=4, markov_rank=16)
+    drafter, _ = random_drafter(cfg)
+    lens = [6, 9]
+    ctxs = [drafter.context_kv(torch.randn(n, 128, generator=torch.Generator().manual_seed(n)), torch.arange(n))
+            for n in lens]
+    return drafter, ProposeInput(pad_contexts(ctxs), torch.tensor([3, 7]), torch.tensor(lens), (),
+                                 torch.Generator().manual_seed(0))
+
+
+def test_packed_drafter_drafts_the_same_blocks():
+    drafter, inp = drafter_and_input()
+    hidden = drafter.block_hidden(inp.context, inp.anchors, inp.anchor_positions)
+    want = Proposer(drafter).propose(inp).trees
+    base = drafter.base_logits(hidden[0])
+    count = pack_drafter(drafter)
+    assert count > 0 and not any(type(m) is nn.Linear and m.out_features >= 64 for m in drafter.modules())
+    torch.testing.assert_close(drafter.base_logits(hidden[0]), base, rtol=1e-5, atol=1e-5)
+    got = Proposer(drafter).propose(inp).trees
+    for a, b in zip(got, want):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        torch.testing.assert_close(a.confidence, b.confidence, rtol=1e-4, atol=1e-5)
+
+
+def test_narrow_layers_stay_plain():
+    drafter, _ = drafter_and_input()
+    pack_drafter(drafter)
+    assert type(drafter.confidence_head.proj) is nn.Linear  # one output: nothing to gain
