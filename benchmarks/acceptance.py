@@ -171,10 +171,14 @@ def run_all(args: argparse.Namespace) -> dict:
     variants += [] if args.no_ngram else [Variant("NGRAM", None)]
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-acceptance-"))
     runs, started = [], time.time()
+    partial = args.out / "acceptance.partial.json"  # what a crash mid-run would otherwise lose
+    args.out.mkdir(parents=True, exist_ok=True)
     for variant in variants:
         metas = run_variant(variant, prompts, args, model, drafter, log_dir)
         traces = read_trace(log_dir / f"trace-{variant.name}.jsonl")
         runs += report_variant(variant, prompts, args.temperatures, metas, traces)
+        partial.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    partial.unlink(missing_ok=True)
     meta = {"model": model, "drafter": drafter, "drafter_name": Path(drafter).name, "prompts_per_set": args.prompts,
             "max_new_tokens": args.max_new_tokens, "temperatures": args.temperatures, "sets": args.sets,
             "concurrency": args.concurrency, "dspark_args": args.dspark_args, "device": "cuda" if has_cuda() else "cpu",
@@ -254,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(args.from_json.read_text())
     else:
         doc = run_all(args)
-        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "acceptance.json").write_text(json.dumps(doc, indent=1) + "\n")
         for path in [args.out / "acceptance.json", *plot_all(doc, args.out)]:
             print(f"wrote {path}")

@@ -17,13 +17,15 @@ os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 import torch  # noqa: E402
 
+from sgl_dspark import cli  # noqa: E402
 from sgl_dspark.calibration import fit_calibration, save_calibration  # noqa: E402
 from sgl_dspark.data import read_records  # noqa: E402
 from sgl_dspark.drafter.checkpoint import load_drafter  # noqa: E402
 from sgl_dspark.drafter.config import TargetSpec  # noqa: E402
 from sgl_dspark.drafter.model import TargetWeights  # noqa: E402
 from sgl_dspark.training.objective import draft_index  # noqa: E402
-from sgl_dspark.training.rollout import TargetCache, clip_record, eval_subset, rollouts, summarize  # noqa: E402
+from sgl_dspark.training.rollout import (MAX_LEN, TargetCache, clip_record, eval_subset, rollouts,  # noqa: E402
+                                         summarize)
 from sgl_dspark.training.target import FrozenTarget  # noqa: E402
 
 CALIBRATION_FILE = "calibration.json"
@@ -37,12 +39,12 @@ def report_table(report) -> str:
     return "\n".join(rows)
 
 
-def calibrate(drafter_path: str, target_path: str, data: str, records: int, out: Path) -> dict:
+def calibrate(drafter_path: str, target_path: str, data: str, records: int, out: Path, max_len: int = MAX_LEN) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     target = FrozenTarget(target_path, torch.bfloat16, device)
     spec = TargetSpec.from_hf_config(target.model.config.to_dict())
     drafter = load_drafter(drafter_path, spec, TargetWeights(target.embed.float(), target.lm_head.float())).to(device)
-    held = eval_subset([clip_record(r, 512) for r in read_records(Path(data) / "heldout.jsonl")], records)
+    held = eval_subset([clip_record(r, max_len) for r in read_records(Path(data) / "heldout.jsonl")], records)
     if not held:
         raise ValueError(f"{data}/heldout.jsonl holds no records to calibrate on")
     to_draft = draft_index(drafter.draft_to_target, drafter.config.vocab_size).to(device)
@@ -61,19 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=None, help="target HF folder (default: the prepared default model)")
     p.add_argument("--records", type=int, default=24, help="held-out records per source")
     p.add_argument("--out", type=Path, default=None, help=f"output JSON (default: DRAFTER/{CALIBRATION_FILE})")
+    p.add_argument("--max-len", type=int, default=MAX_LEN, help="tokens kept per record (as in training)")
     a = p.parse_args(argv)
-    try:
+
+    def body() -> None:
         if a.target is None:
             from sgl_dspark.models import prepare
 
             a.target = str(prepare("float32").path)
         out = a.out or Path(a.drafter) / CALIBRATION_FILE
-        print(json.dumps(calibrate(a.drafter, a.target, a.data, a.records, out)))
+        print(json.dumps(calibrate(a.drafter, a.target, a.data, a.records, out, a.max_len)))
         print(f"wrote {out}")
-    except ValueError as exc:
-        print(f"sgl_dspark.calibrate: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return cli.run("sgl_dspark.calibrate", body)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from sgl_dspark import cli
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 
 CARD_FILE = "README.md"
@@ -143,13 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--command", default="", help="the training command, quoted in the model card")
     p.add_argument("--notes", type=Path, default=None, help="a markdown file appended to the card as its notes")
     a = p.parse_args(argv)
-    try:
+
+    def body() -> None:
         notes = a.notes.read_text() if a.notes else ""
         print(export(a.run, a.data, a.out, getattr(torch, a.dtype), a.command, notes))
-    except (ValueError, OSError) as exc:
-        print(f"sgl_dspark.export: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return cli.run("sgl_dspark.export", body)
 
 
 if __name__ == "__main__":

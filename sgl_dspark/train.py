@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from sgl_dspark import cli
 from sgl_dspark.data import read_records
 from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
 from sgl_dspark.drafter.config import TargetSpec
@@ -31,7 +32,8 @@ from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
 from sgl_dspark.training.init import PRESETS, copy_top_layers, frequent_tokens, new_drafter
 from sgl_dspark.training.objective import (LossWeights, block_outputs, block_rows, draft_index, dspark_loss,
                                            sample_anchors, with_tokens)
-from sgl_dspark.training.rollout import Example, TargetCache, clip_record, eval_subset, rollouts, summarize
+from sgl_dspark.training.rollout import (MAX_LEN, Example, TargetCache, clip_record, eval_subset, rollouts,
+                                         summarize)
 from sgl_dspark.training.target import FrozenTarget
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def parse_args(argv: list[str] | None) -> RunSpec:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--copied-lr-scale", type=float, default=0.5, help="lr multiplier of the copied target layers")
     p.add_argument("--anchors", type=int, default=128, help="random anchors per sequence")
-    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--max-len", type=int, default=MAX_LEN, help="tokens kept per record (the last ones)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter (the target runs in bf16)")
     p.add_argument("--cache-features", action="store_true", help="keep target features in RAM across passes")
     p.add_argument("--eval-every-min", type=float, default=5.0)
@@ -205,12 +207,7 @@ def parse_args(argv: list[str] | None) -> RunSpec:
 
 def main(argv: list[str] | None = None) -> int:
     spec = parse_args(argv)
-    try:
-        train(spec)
-    except ValueError as exc:
-        print(f"sgl_dspark.train: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cli.run("sgl_dspark.train", lambda: train(spec))
 
 
 if __name__ == "__main__":

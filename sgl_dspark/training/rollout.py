@@ -25,6 +25,9 @@ class Example:
     source: str
 
 
+MAX_LEN = 512  # tokens of a record kept for training and calibration (the last ones)
+
+
 def clip_record(r: Record, max_len: int) -> Example:
     """Keep the last `max_len` tokens (prompt head dropped first); the answer start moves with it."""
     cut = max(0, len(r.ids) - max_len)
