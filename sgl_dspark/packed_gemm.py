@@ -94,10 +94,10 @@ class PackReport:
 
 def pack_model(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
     """Swap the quant method of every plain float linear layer of `model` (and of `lm_head`, when given) for a
-    PackedLinearMethod. Linear layers drop their original weight; the LM head keeps it when it is the embedding."""
+    PackedLinearMethod. Linear layers drop their original weight; the LM head keeps its table (it may be the tied
+    embedding, which looks rows up)."""
     layers, freed, added = 0, 0, 0
-    modules = dict(model.named_modules())
-    for name, module in modules.items():
+    for module in model.modules():
         method = getattr(module, "quant_method", None)
         weight = getattr(module, "weight", None)
         if type(method).__name__ not in PLAIN_METHODS or not is_float_cpu(weight):

@@ -59,9 +59,10 @@ class WorkerSetup:
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
         run_dir = tempfile.mkdtemp(prefix="dspark-")  # short: a Unix socket path holds at most 107 bytes
+        gemm = self.config.cpu_gemm if onednn_available() else "native"  # the kernel only: same drafts
         return ProcessDraftClient(WorkerSettings(self.drafter_path, self.target_path, self.target,
-                                                 self.draft_knobs(), num_slots, run_dir, seed=seed, dtype=self.draft_dtype,
-                                                 gemm=self.config.cpu_gemm if onednn_available() else "native"))
+                                                 self.draft_knobs(), num_slots, run_dir, seed=seed,
+                                                 dtype=self.draft_dtype, gemm=gemm))
 
     @property
     def draft_dtype(self) -> str:
