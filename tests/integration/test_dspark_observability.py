@@ -83,7 +83,8 @@ def test_metrics_show_sglangs_spec_gauges_and_dsparks_series(server, metas):
 
 
 OURS = re.compile(r"DSpark decode: steps=(\d+) accept_len=([\d.]+) draft_len=([\d.]+) verify_len=([\d.]+) "
-                  r"accept_rate=([\d.]+) draft_ms=[\d.]+ verify_ms=[\d.]+ commit_ms=[\d.]+ draft_failures=0")
+                  r"accept_rate=([\d.]+) draft_ms=[\d.]+ verify_ms=[\d.]+ commit_ms=[\d.]+ drafted_ahead=[\d.]+ "
+                  r"draft_failures=0")
 SGLANGS = re.compile(r"Decode batch.*accept len: ([\d.]+), accept rate: ([\d.]+), cap len: ([\d.]+)")
 
 
