@@ -121,6 +121,8 @@ class Worker:
                                     batch.anchor_positions.clone(), batch.sampling)
             return Ack()
         drafted, self.drafted = self.drafted, {}
+        if not drafted:  # nothing drafted ahead (the default): no keys to compare, no sub-batch to build
+            return self.reply(self.engine.propose(batch), message.reply_arena)
         trees = [drafted.get(batch.key(i)) for i in range(len(batch.context_slots))]
         missing = [i for i, tree in enumerate(trees) if tree is None]
         if missing:
