@@ -22,6 +22,8 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from sgl_dspark import cli
+
 SKIPPED_STDLIB = ("encodings", "test", "idlelib", "lib2to3", "pydoc_data", "site-packages", "turtledemo")
 
 
@@ -200,19 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     from sgl_dspark.models import PrepareError, prepare
     from sgl_dspark.server import ServerError, free_port
 
-    if args.prompts_file and not Path(args.prompts_file).is_file():
-        print(f"sgl_dspark.data: error: --prompts-file {args.prompts_file} does not exist", file=sys.stderr)
-        return 1
-    recipe = Recipe(args.prompts_file, args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens, args.stdlib_tokens,
-                    args.chunk_tokens, args.heldout_share, args.seed)
-    try:
+    recipe = Recipe(args.prompts_file, args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens,
+                    args.stdlib_tokens, args.chunk_tokens, args.heldout_share, args.seed)
+
+    def body() -> None:
+        if args.prompts_file and not Path(args.prompts_file).is_file():
+            raise ValueError(f"--prompts-file {args.prompts_file} does not exist")
         model_path = args.model_path or str(prepare("float32").path)
         port = args.port or free_port()
         print(json.dumps(build(model_path, args.out, recipe, args.concurrency, port), indent=2))
-    except (ValueError, PrepareError, ServerError) as exc:
-        print(f"sgl_dspark.data: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return cli.run("sgl_dspark.data", body, errors=(ValueError, PrepareError, ServerError))
 
 
 if __name__ == "__main__":
