@@ -100,14 +100,14 @@ def pack_model(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         weight = getattr(module, "weight", None)
-        if type(method).__name__ not in PLAIN_METHODS or not is_float_cpu(weight):
+        kind = type(method).__name__
+        if kind not in PLAIN_METHODS or not is_float_cpu(weight):
             continue
-        is_head = module is lm_head
-        if type(method).__name__ == "UnquantizedEmbeddingMethod" and not is_head:
+        if kind == "UnquantizedEmbeddingMethod" and module is not lm_head:
             continue  # an embedding that is not the LM head only looks rows up
         module.quant_method = PackedLinearMethod(method, pack(weight))
         layers += 1
-        if type(method).__name__ == "UnquantizedLinearMethod":
+        if kind == "UnquantizedLinearMethod":
             freed += weight.numel() * weight.element_size()
             module.weight.data = weight.data.new_empty(0)
         else:
