@@ -33,7 +33,7 @@ class DSparkConfig:
     max_tree_nodes: int | None  # most draft nodes per request, anchor excluded (None: max_window * tree_width)
     scheduler: str  # verify-budget mode, one of SCHEDULER_MODES
     min_verify: int  # draft nodes every request verifies whatever the scheduler says (if drafted)
-    max_verify: int | None  # most draft nodes one request verifies (None: no cap)
+    max_verify: int | None  # most draft nodes one request verifies (None: no cap; 0: none, no drafting)
     latency_target_ms: float | None  # per-user step-latency target; the scheduler shrinks B to meet it
     cost_refit_alpha: float  # weight of one measured step in the online cost-table refit (0: frozen table)
     cost_table: str | None  # step-cost table JSON (sgl_dspark.cost); None: profile at start-up
@@ -70,6 +70,24 @@ class DSparkConfig:
     @property
     def latency_target_s(self) -> float | None:
         return None if self.latency_target_ms is None else self.latency_target_ms / 1000.0
+
+    @property
+    def drafts(self) -> bool:
+        """False when no draft can ever be verified (max_verify 0): the worker then never asks for drafts."""
+        return self.max_verify != 0
+
+    def lookup_knobs(self):
+        """The lookup branch's knobs (a fixed record; sgl_dspark.lookup.LookupKnobs)."""
+        from sgl_dspark.lookup import LookupKnobs
+
+        return LookupKnobs()
+
+    def verify_nodes(self, gamma: int) -> int:
+        """The most draft nodes one request can verify in a step, anchor excluded: the drafter's node budget plus
+        the lookup's, capped by max_verify. The one place the verify width comes from: SGLang reserves KV for
+        1 + this per request and the worker never writes more rows. ValueError if the knobs do not fit gamma."""
+        nodes = self.draft_knobs().resolve(gamma).max_nodes + (self.lookup_knobs().max_nodes if self.lookup else 0)
+        return nodes if self.max_verify is None else min(nodes, self.max_verify)
 
     def draft_knobs(self, temperatures: tuple[float, ...] = ()):
         """The drafter's share of the knobs (sgl_dspark.drafter.knobs.DraftKnobs), with the STS temperatures
@@ -115,7 +133,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_tree_nodes": (_optional(_int_at_least(1)), "null or an integer >= 1"),
     "scheduler": (lambda v: v in SCHEDULER_MODES, " | ".join(SCHEDULER_MODES)),
     "min_verify": (_int_at_least(0), "an integer >= 0"),
-    "max_verify": (_optional(_int_at_least(1)), "null or an integer >= 1"),
+    "max_verify": (_optional(_int_at_least(0)), "null or an integer >= 0 (0: verify no drafts)"),
     "latency_target_ms": (_optional(_number_in(0, math.inf, lo_open=True)), "null or a number > 0"),
     "cost_refit_alpha": (_number_in(0, 1), "a number in [0, 1]"),
     "cost_table": (_optional(_is_path), "null or a non-empty path"),

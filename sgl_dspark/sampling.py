@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-GREEDY_TEMPERATURE = 1e-5  # SGLang treats temperature below this as greedy
+GREEDY_TEMPERATURE = 1e-6  # SGLang (sampling_params._SAMPLING_EPS) turns temperature below this into top_k=1
 
 
 @dataclass(frozen=True)

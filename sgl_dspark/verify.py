@@ -1,12 +1,36 @@
 """Lossless verification: which draft tokens of a block the target accepts, and the bonus token it adds.
 
-Owns the acceptance rule (greedy match; chain and multi-candidate tree speculative sampling), the
-VerifyResult record, and which tree nodes' KV to keep. Pure torch on the target's logits for the block;
-must not run the target, touch the KV cache or import SGLang.
+Owns the acceptance rule (greedy match; chain and multi-candidate tree speculative sampling; match against
+pre-drawn choices for seeded requests), the VerifyResult record, and which tree nodes' KV to keep. Pure torch
+on the target's logits for the block; must not run the target, touch the KV cache or import SGLang.
+
+Why sampled output is distributed exactly as the target's. At an accepted node with target distribution p,
+the children c_1, c_2, ... are tried in index order: c_i is accepted with probability min(1, p_i(x_i) / q_i(x_i))
+and otherwise p_{i+1} = normalize(max(0, p_i - q_i)); after the last child the bonus is drawn from the final
+residual. By induction from the last child, the token emitted at that node is distributed as p_1 = p,
+provided that (a) q_i is the distribution x_i was drawn from given everything that decided whether c_i is
+verified and what was drawn before it, and (b) whether c_i is verified never depends on x_i itself or on
+anything drawn from x_i (its descendants, younger siblings derived from it). A deterministic candidate has
+a one-hot q_i. The pieces that keep (a) and (b):
+- the drafter (sgl_dspark.drafter.sequential) grows a sampled request's block as a chain: node k's token is
+  drawn from q_k, and its confidence depends only on its parent's token, never on its own; tree alternatives
+  (derived from the sampled token and scored by it) are drafted for greedy requests only;
+- the lookup branch (sgl_dspark.graft) hangs deterministic chains (one-hot rows) off the root whose tokens
+  and confidences come from the request's context and past statistics, not from this step's draws; folding a
+  lookup node into an equal elder sibling after scheduling only drops a candidate whose presence depends on
+  that elder sibling's token, which (b) allows;
+- the scheduler (sgl_dspark.scheduler) admits nodes in order of survival, ties to the shallower node, so a
+  node's admission depends only on nodes ranked before it: other requests' blocks (independent draws), its
+  ancestors, and lookup nodes; never its own token or its descendants (the lagged mode's budget comes from
+  earlier steps).
+Greedy and seeded requests are verified by exact match with a token the target fixes without looking at the
+drafts (the argmax, or SGLang's seeded Gumbel-max choice), so any selection of nodes is exact for them.
+`tests/unit/test_exact_law.py` enumerates the whole pipeline on small vocabularies and checks the law.
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -44,6 +68,7 @@ class VerifyInput:
     tree: DraftTree
     target_logits: torch.Tensor  # [n, V]: row i is the target's next-token logits after node i
     params: SamplingParams
+    choices: torch.Tensor | None = None  # [n] the target's token after each node, fixed beforehand (seeded)
 
 
 @dataclass(frozen=True)
@@ -58,24 +83,57 @@ class KvSplit:
 Step = Callable[[int, list[int]], tuple[int | None, int | None]]
 
 
+class Draws(Protocol):
+    """The randomness of sampled verification (a torch generator in serving; an enumerator in exact-law tests)."""
+
+    def accept(self, p_x: torch.Tensor, q_x: torch.Tensor) -> bool:
+        """True with probability min(1, p_x / q_x); never when p_x == 0."""
+
+    def sample(self, p: torch.Tensor) -> int:
+        """One token from p [V]."""
+
+
+@dataclass(frozen=True)
+class TorchDraws:
+    generator: torch.Generator | None = None
+
+    def accept(self, p_x: torch.Tensor, q_x: torch.Tensor) -> bool:
+        return _accepts(p_x, q_x, self.generator)
+
+    def sample(self, p: torch.Tensor) -> int:
+        return _sample(p, self.generator)
+
+
+def as_draws(source: "Draws | torch.Generator | None") -> Draws:
+    return source if hasattr(source, "accept") else TorchDraws(source)
+
+
 def verify(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator | None = None) -> VerifyResult:
-    """tree with n nodes, target_logits [n, V] -> VerifyResult. Greedy params take the argmax path."""
+           generator: "Draws | torch.Generator | None" = None, choices: torch.Tensor | None = None) -> VerifyResult:
+    """tree with n nodes, target_logits [n, V] -> VerifyResult. Greedy params take the argmax path; `choices` [n]
+    (the target's token after each node, drawn without looking at the drafts) are matched like the argmax."""
     _check_logits(tree, target_logits)
+    if choices is not None:
+        return verify_choices(tree, choices)
     if params.is_greedy:
         return verify_greedy(tree, target_logits)
     return verify_sampling(tree, target_probs(target_logits, params), generator)
 
 
-def verify_batch(inputs: Sequence[VerifyInput], generator: torch.Generator | None = None) -> list[VerifyResult]:
+def verify_batch(inputs: Sequence[VerifyInput], generator: "Draws | torch.Generator | None" = None) -> list[VerifyResult]:
     """Verify every request of a step, in order, drawing from one generator."""
-    return [verify(x.tree, x.target_logits, x.params, generator) for x in inputs]
+    return [verify(x.tree, x.target_logits, x.params, generator, x.choices) for x in inputs]
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     """Accept the first child whose token is the target argmax at its parent; bonus = argmax at the last node."""
-    best = target_logits.argmax(-1).tolist()  # [n]
-    tokens = tree.tokens.tolist()
+    return verify_choices(tree, target_logits.argmax(-1))
+
+
+def verify_choices(tree: DraftTree, choices: torch.Tensor) -> VerifyResult:
+    """choices [n]: the target's token after each node. Accept the first child whose token is its parent's
+    choice; the bonus is the last accepted node's choice."""
+    best, tokens = choices.tolist(), tree.tokens.tolist()
 
     def step(node: int, kids: list[int]) -> tuple[int | None, int | None]:
         match = next((c for c in kids if tokens[c] == best[node]), None)
@@ -85,14 +143,18 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
 
 
 def verify_sampling(tree: DraftTree, probs: torch.Tensor,
-                    generator: torch.Generator | None = None) -> VerifyResult:
+                    generator: "Draws | torch.Generator | None" = None) -> VerifyResult:
     """tree, probs [n, V] (target distributions after each node) -> VerifyResult, distributed as the target.
 
     Multi-candidate speculative sampling: at each node the children are tried in index order, child c
     accepted with min(1, p(c) / q_c(c)), and after a rejection p <- normalize(max(0, p - q_c)). Exact as
     long as each child's draft_probs row is the distribution its token was drawn from given the earlier
     siblings (one-hot for a deterministic candidate; i.i.d. or without-replacement sampling both qualify).
+    A lone root (nothing drafted) needs no draft_probs: its token is drawn from p.
     """
+    draws = as_draws(generator)
+    if tree.size == 1:
+        return _result(tree, [], draws.sample(_normalized(probs[0])))
     if tree.draft_probs is None:
         raise ValueError("verify_sampling: the tree has no draft_probs (only greedy verification is possible)")
     if tree.draft_probs.shape != probs.shape:
@@ -101,7 +163,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor,
     tokens = tree.tokens.tolist()
 
     def step(node: int, kids: list[int]) -> tuple[int | None, int | None]:
-        return _try_children(probs[node].double(), kids, tokens, tree.draft_probs, generator)
+        return _try_children(_normalized(probs[node]), kids, tokens, tree.draft_probs, draws)
 
     return _walk(tree, step)
 
@@ -142,17 +204,24 @@ def _walk(tree: DraftTree, step: Step) -> VerifyResult:
 
 
 def _try_children(p: torch.Tensor, kids: list[int], tokens: list[int], draft_probs: torch.Tensor,
-                  generator: torch.Generator | None) -> tuple[int | None, int | None]:
+                  draws: Draws) -> tuple[int | None, int | None]:
     """p [V] float64 at one node -> (accepted child, None), or (None, bonus drawn from the final residual)."""
     for c in kids:
-        q = draft_probs[c].double()
+        q = _normalized(draft_probs[c])
         x = tokens[c]
-        if q[x] <= 0:
+        if not q[x] > 0:  # also a NaN row (no mass)
             raise ValueError(f"verify_sampling: node {c} has token {x} with draft probability 0")
-        if _accepts(p[x], q[x], generator):
+        if draws.accept(p[x], q[x]):
             return c, None
         p = residual(p, q)
-    return None, _sample(p, generator)
+    return None, draws.sample(p)
+
+
+def _normalized(p: torch.Tensor) -> torch.Tensor:
+    """A float32 row as the float64 distribution it stands for (what multinomial draws from): its float32 sum
+    is 1 only to ~1e-7, which would bias the residual by as much."""
+    p = p.double()
+    return p / p.sum()
 
 
 def _accepts(p_x: torch.Tensor, q_x: torch.Tensor, generator: torch.Generator | None) -> bool:

@@ -2,7 +2,10 @@
 
 Per depth k: confidence of every open branch (cheap, needs only h_k and x_{k-1}) -> admit branches by survival,
 min/max window and node budget -> LM-head rows only for requests with an admitted branch -> Markov bias -> sample
--> optional deterministic alternatives at low-confidence nodes. Nodes are appended in topological order.
+-> optional deterministic alternatives at low-confidence nodes, for greedy requests only: an alternative is
+derived from the token just sampled and scored by it, so for a sampled request whether it (or its elder
+sibling, or their subtrees) gets verified would depend on that token, which breaks the lossless argument
+(sgl_dspark.verify); a sampled request's block is a chain. Nodes are appended in topological order.
 Depths every request drafts whatever the confidences are projected up front in one LM-head call (on a CPU that
 costs about one depth's call: the matrix is read from memory once).
 Must not run the backbone or touch SGLang.
@@ -177,6 +180,8 @@ class _Grower:
         to_target = self.drafter.draft_to_target
         for i in (conf < threshold).nonzero().flatten().tolist():
             r, parent = int(frontier.req[i]), int(frontier.parent[i])
+            if not self.sampling[r].is_greedy:  # lossless only for greedy (sgl_dspark.verify, the argument)
+                continue
             ids, shares = alternatives(logits[i], int(picked[i]), width - 1, self.sampling[r])
             for d, share in zip(ids.tolist(), shares.tolist()):
                 c = (1.0 - float(conf[i])) * share

@@ -70,7 +70,7 @@ def test_invalid_knob_message_is_one_exact_line():
     ("max_tree_nodes", 0, "null or an integer >= 1"),
     ("scheduler", "greedy", "prefix | lagged | off"),
     ("min_verify", -1, "an integer >= 0"),
-    ("max_verify", 0, "null or an integer >= 1"),
+    ("max_verify", -1, "null or an integer >= 0 (0: verify no drafts)"),
     ("latency_target_ms", 0, "null or a number > 0"),
     ("cost_refit_alpha", 2, "a number in [0, 1]"),
     ("cost_table", "", "null or a non-empty path"),
@@ -134,3 +134,15 @@ def test_draft_knobs_carry_the_drafting_share():
     assert (knobs.max_window, knobs.tree_width, knobs.max_nodes) == (5, 3, 16)
     assert (knobs.survival_threshold, knobs.branch_threshold) == (0.1, 0.6)
     assert knobs.temperature(2) == 2.0
+
+
+def test_the_verify_width_counts_lookup_nodes_and_the_cap():
+    """One place for the KV SGLang reserves per request: the drafter's nodes plus the lookup's, capped."""
+    from sgl_dspark.lookup import LookupKnobs
+
+    assert load_config("default").verify_nodes(7) == 7
+    assert load_config("tree").verify_nodes(7) == 16
+    assert load_config("tree", {"lookup": True}).verify_nodes(7) == 16 + LookupKnobs().max_nodes
+    assert load_config("no-scheduler", {"lookup": True, "max_verify": 5}).verify_nodes(7) == 5
+    reference = load_config("default", {"max_verify": 0})
+    assert reference.verify_nodes(7) == 0 and not reference.drafts

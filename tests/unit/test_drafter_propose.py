@@ -11,6 +11,7 @@ from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.tree import position_ids
 
 SAMPLED = SamplingParams(temperature=1.0)
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def make_input(drafter, batch=2, sampling=(), seed=0, anchors=None):
@@ -124,7 +125,7 @@ def test_reduced_vocab_gives_exact_zeros_outside_the_map():
 def test_tree_branches_with_deterministic_alternatives():
     drafter, _ = random_drafter(tiny_hf_config())
     set_confidence(drafter, -1.0)  # c ~ 0.27 < branch threshold everywhere
-    inp = make_input(drafter, batch=1, sampling=[SAMPLED])
+    inp = make_input(drafter, batch=1)  # greedy: only greedy requests get alternatives
     knobs = DraftKnobs(tree_width=3, branch_threshold=0.5, max_nodes=8)
     tree = Proposer(drafter, knobs).propose(inp).trees[0]
     # depth 1: main child 1, alternatives 2, 3; depth 2: one child each (alternatives of 4 would eat the budget
@@ -136,11 +137,20 @@ def test_tree_branches_with_deterministic_alternatives():
     logits = drafter.target.lm_head @ h[0] + markov.markov_w2.weight @ markov.markov_w1.weight[3]
     rank = [t for t in logits.argsort(descending=True).tolist() if t != int(tree.tokens[1])]
     assert tree.tokens[2:4].tolist() == rank[:2]
-    for node in (2, 3):
-        assert tree.draft_probs[node].tolist() == torch.nn.functional.one_hot(tree.tokens[node], 50).float().tolist()
     p = torch.softmax(logits, -1)
     share = p[tree.tokens[2:4]] / (1 - p[tree.tokens[1]])
     torch.testing.assert_close(tree.confidence[2:4], (1 - tree.confidence[1]) * share)
+
+
+def test_sampled_requests_draft_chains_even_with_tree_knobs():
+    """A sampled request's alternatives would be scored by its own sampled token (biased, sgl_dspark.verify), so
+    in a mixed batch the greedy request branches and the sampled one drafts the main chain only."""
+    drafter, _ = random_drafter(tiny_hf_config())
+    set_confidence(drafter, -1.0)
+    knobs = DraftKnobs(tree_width=3, branch_threshold=0.5, max_nodes=8)
+    greedy, sampled = Proposer(drafter, knobs).propose(make_input(drafter, sampling=[GREEDY, SAMPLED])).trees
+    assert not greedy.is_chain
+    assert sampled.is_chain and sampled.size == 5 and sampled.draft_probs is not None
 
 
 def test_no_branching_above_the_threshold_gives_a_chain():
