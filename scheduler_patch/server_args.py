@@ -183,10 +183,9 @@ def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
 
 def _draft_nodes(config: DSparkConfig, drafter: DrafterConfig) -> int:
     try:
-        knobs = config.draft_knobs().resolve(drafter.gamma)
+        return config.verify_nodes(drafter.gamma)
     except ValueError as e:
         raise StartupError(f"DSpark config does not fit the drafter (block_size {drafter.gamma}): {e}") from e
-    return knobs.max_nodes if config.max_verify is None else min(knobs.max_nodes, config.max_verify)
 
 
 def _attention_backend(cfg: Any, device: str) -> str | None:

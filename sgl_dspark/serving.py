@@ -6,7 +6,6 @@ feature capture, the draft client, the step-cost table and the verify scheduler.
 
 import json
 import logging
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,6 @@ logger = logging.getLogger("sgl_dspark")
 PRIOR_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 PRIOR_SLOPE = 0.08
 PRIOR_STEP_S = 0.07
-LOOKUP = LookupKnobs()
 
 
 @dataclass(frozen=True)
@@ -58,10 +56,9 @@ class WorkerSetup:
             return LocalDraftClient(drafter, self.draft_knobs(), num_slots, seed)
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
-        run_dir = tempfile.mkdtemp(prefix="dspark-")  # short: a Unix socket path holds at most 107 bytes
         gemm = self.config.cpu_gemm if onednn_available() else "native"  # the kernel only: same drafts
         return ProcessDraftClient(WorkerSettings(self.drafter_path, self.target_path, self.target,
-                                                 self.draft_knobs(), num_slots, run_dir, seed=seed,
+                                                 self.draft_knobs(), num_slots, seed=seed,
                                                  dtype=self.draft_dtype, gemm=gemm))
 
     @property
@@ -132,14 +129,6 @@ def use_packed_gemm(model) -> None:
                 report.layers, report.freed_bytes / 2**20, report.added_bytes / 2**20)
 
 
-def max_verify_tokens(config: DSparkConfig, gamma: int, lookup: LookupKnobs) -> int:
-    window = min(config.max_window or gamma, gamma)
-    nodes = (config.max_tree_nodes or window * config.tree_width) + (lookup.max_nodes if config.lookup else 0)
-    if config.max_verify is not None:
-        nodes = min(nodes, config.max_verify)
-    return 1 + nodes
-
-
 def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     target = TargetSpec.from_hf_config(model_runner.model_config.hf_config.to_dict())
     drafter_path = server_args.speculative_draft_model_path
@@ -148,7 +137,7 @@ def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
     if str(model_runner.device) == "cpu" and config.cpu_gemm == "onednn":
         use_packed_gemm(model)
-    verify_tokens = max_verify_tokens(config, drafter_config.gamma, LOOKUP)
+    verify_tokens = 1 + config.verify_nodes(drafter_config.gamma)
     table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
     scheduler = make_scheduler(config, table)
     if config.cost_table_out:
@@ -156,7 +145,7 @@ def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
                                     int(getattr(server_args, "decode_log_interval", 40) or 40),
                                     {"model": server_args.model_path, "device": str(model_runner.device)})
     return WorkerSetup(config, drafter_path, drafter_config, server_args.model_path, target, target_weights(model),
-                       scheduler, verify_tokens, LOOKUP)
+                       scheduler, verify_tokens, config.lookup_knobs())
 
 
 def start_cost_table(setup: WorkerSetup, model_runner) -> None:

@@ -18,6 +18,7 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
+from sgl_dspark.features import refusal
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
 from sgl_dspark.layout import VerifyRows, accept_rows, pack_trees
 from sgl_dspark.lookup import LookupRegistry
@@ -25,6 +26,7 @@ from sgl_dspark.observe import StepStats, WorkerMetrics, result_counts
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import ScheduleBatch as PlanInput
 from sgl_dspark.scheduler import StepResult
+from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.serving import WorkerSetup, build_setup, start_cost_table
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.tree import DraftTree
@@ -38,34 +40,22 @@ def request_sampling(req) -> SamplingParams:
     return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
 
 
-def unsupported(req) -> str | None:
-    """Why DSPARK cannot serve this request exactly (SGLang applies these to the target's logits in ways our
-    verifier does not reproduce yet), or None. Such requests are refused, never served with changed output."""
-    p = req.sampling_params
-    given = [name for name, off in (("frequency_penalty", 0.0), ("presence_penalty", 0.0),
-                                    ("repetition_penalty", 1.0), ("min_new_tokens", 0)) if getattr(p, name) != off]
-    given += [name for name in ("logit_bias", "json_schema", "regex", "ebnf", "structural_tag")
-              if getattr(p, name, None) is not None]
-    if getattr(req, "custom_logit_processor", None) is not None:
-        given.append("custom_logit_processor")
-    if not given:
-        return None
-    return f"DSPARK does not support {', '.join(given)} yet; send the request without them or serve without DSPARK"
-
-
 def refuse_unsupported(reqs) -> None:
+    """Requests using a feature DSPARK cannot serve exactly (sgl_dspark.features) end with a 400 and one line."""
     from http import HTTPStatus
 
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     for req in reqs:
-        if req.to_finish is None and (reason := unsupported(req)):
+        if req.to_finish is None and (reason := refusal(req.sampling_params, req)):
             req.to_finish = FINISH_ABORT(reason, HTTPStatus.BAD_REQUEST, "BadRequestError")
 
 
-def root_only(anchor: int) -> DraftTree:
-    """The block of a request that drafts nothing this step (plain decoding through the verify path)."""
-    return DraftTree.chain(torch.tensor([anchor]), torch.ones(1))
+def root_only(anchor: int, sampling: SamplingParams, vocab: int) -> DraftTree:
+    """The block of a request that drafts nothing this step (plain decoding through the verify path); a sampled
+    one carries its (unused) draft-probability row, so lookup nodes can still be grafted onto it."""
+    probs = None if sampling.is_greedy else torch.zeros(1, vocab)
+    return DraftTree.chain(torch.tensor([anchor]), torch.ones(1), probs)
 
 
 @dataclass
@@ -97,6 +87,7 @@ class DSparkWorker(BaseSpecWorker):
         self.metrics = WorkerMetrics.from_server_args(server_args)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
         self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
+        self.vocab = int(self.model_runner.model_config.vocab_size)
         self.full_mask = self.device != "cpu"
 
     @property
@@ -150,8 +141,8 @@ class DSparkWorker(BaseSpecWorker):
     def write_context(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
         try:
             self.client.write_context(ContextUpdate(slots.cpu().long(), positions.cpu(), features.detach().cpu()))
-        except DraftWorkerUnavailable:
-            self.metrics.draft_worker_failed()
+        except DraftWorkerUnavailable as exc:
+            self.draft_failed(exc)
 
     # -- decode: draft -> plan -> pack -> verify -> commit -> observe --------------------------------------
 
@@ -164,8 +155,10 @@ class DSparkWorker(BaseSpecWorker):
         verified_at = time.perf_counter()
         results = self.verify(batch, step, out.logits_output.next_token_logits)
         accepted = accept_rows(results, step.rows.width, self.stride)
+        if batch.return_logprob:
+            self.logprobs(batch, out.logits_output, accepted, step.rows.width)
         new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
-        if self.setup.config.draft_ahead:  # as early as possible: it overlaps the rest of the step
+        if self.setup.config.draft_ahead and self.setup.config.drafts:  # as early as possible: it overlaps the rest of the step
             self.draft_ahead(batch, new_seq_lens, accepted)
         self.learn_lookup(batch, step, results)
         if self.tracer is not None:
@@ -179,6 +172,7 @@ class DSparkWorker(BaseSpecWorker):
         self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
                                        drafted_at - start, verified_at - drafted_at,
                                        time.perf_counter() - verified_at, self.client.ahead_hits - hits))
+        self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes)
         cap_lens, block_accept_lens = result_counts(step.drafted, step.rows.sizes)
         return GenerationBatchResult(
             cap_lens=cap_lens.to(self.device), block_accept_lens=block_accept_lens.to(self.device),
@@ -190,11 +184,22 @@ class DSparkWorker(BaseSpecWorker):
     def draft_and_plan(self, batch) -> DecodeStep:
         seq_lens = batch.seq_lens.cpu().tolist()
         anchors = [int(req.output_ids[-1]) for req in batch.reqs]
-        blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors))
+        if not self.setup.config.drafts:  # max_verify 0: the verify path with the anchor alone
+            blocks = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
+        else:
+            blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors))
         plan = self.scheduler.plan(PlanInput(tuple(g.tree for g in blocks)))
         selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
+        widest = max(g.tree.size for g in selected)
+        if widest > self.stride:  # never write past the KV SGLang reserved (1 + config.verify_nodes per request)
+            logger.error("sgl-dspark: a block of %d rows exceeds the reserved verify width %d; this step verifies "
+                         "no drafts", widest, self.stride)
+            selected = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
         rows = pack_trees([g.tree for g in selected], seq_lens)
         return DecodeStep(selected, [g.tree.size - 1 for g in blocks], rows, seq_lens)
+
+    def no_drafts(self, batch, anchors: list[int]) -> list[DraftTree]:
+        return [root_only(a, request_sampling(req), self.vocab) for a, req in zip(anchors, batch.reqs)]
 
     def with_lookup(self, batch, trees: list[DraftTree]) -> list[Grafted]:
         """Graft the request's own-context lookup chains onto the drafter's trees (lookup knob)."""
@@ -223,9 +228,13 @@ class DSparkWorker(BaseSpecWorker):
     def draft(self, batch, seq_lens: list[int], anchors: list[int]) -> list[DraftTree]:
         try:
             return self.client.propose(self.draft_batch(batch, seq_lens, anchors))
-        except DraftWorkerUnavailable:
-            self.metrics.draft_worker_failed()
-            return [root_only(a) for a in anchors]
+        except DraftWorkerUnavailable as exc:
+            self.draft_failed(exc)
+            return self.no_drafts(batch, anchors)
+
+    def draft_failed(self, exc: DraftWorkerUnavailable) -> None:
+        """Counted per cause on /metrics and logged once per cause and log window (sgl_dspark.observe)."""
+        self.metrics.draft_worker_failed(getattr(exc, "cause", "unavailable"), str(exc))
 
     def draft_ahead(self, batch, new_seq_lens: torch.Tensor, accepted) -> None:
         """The next step's drafting starts now, on the draft worker's core, while this process finishes the step
@@ -234,8 +243,8 @@ class DSparkWorker(BaseSpecWorker):
         anchors = accepted.tokens[torch.arange(lens.shape[0]), lens - 1].tolist()  # each request's bonus token
         try:
             self.client.draft_ahead(self.draft_batch(batch, new_seq_lens.cpu().tolist(), anchors))
-        except DraftWorkerUnavailable:
-            self.metrics.draft_worker_failed()
+        except DraftWorkerUnavailable as exc:
+            self.draft_failed(exc)
 
     def prepare_verify(self, batch, step: DecodeStep) -> None:
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -261,10 +270,30 @@ class DSparkWorker(BaseSpecWorker):
         return torch.cat(parts).to(self.device)
 
     def verify(self, batch, step: DecodeStep, logits: torch.Tensor):
-        logits = logits.float().cpu().view(len(batch.reqs), step.rows.width, -1)
-        inputs = [VerifyInput(g.tree, logits[b, :g.tree.size], request_sampling(req))
-                  for b, (g, req) in enumerate(zip(step.trees, batch.reqs))]
+        width = step.rows.width
+        logits = logits.float().cpu().view(len(batch.reqs), width, -1)
+        positions = step.rows.positions.view(len(batch.reqs), width)
+        inputs = []
+        for b, (g, req) in enumerate(zip(step.trees, batch.reqs)):
+            params, seed, n = request_sampling(req), req.sampling_params.sampling_seed, g.tree.size
+            choices = None
+            if seed is not None and not params.is_greedy:
+                choices = seeded_choices(logits[b, :n], params, int(seed), positions[b, :n])
+            inputs.append(VerifyInput(g.tree, logits[b, :n], params, choices))
         return verify_batch(inputs, self.generator)
+
+    @staticmethod
+    def logprobs(batch, logits_output, accepted, width: int) -> None:
+        """Log probabilities of the emitted tokens from the verify forward's logits of the rows that predicted
+        them (the root and the accepted path), as SGLang's speculative workers compute them."""
+        from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+        device = logits_output.next_token_logits.device
+        index = accepted.accept_index
+        predict = torch.zeros(index.shape[0] * width, dtype=torch.long)
+        kept = index >= 0
+        predict[index[kept]] = accepted.tokens[:, :width][kept]
+        compute_spec_logprobs(batch, logits_output, predict.to(device), accept_index=index.to(device))
 
     def commit(self, batch, step: DecodeStep, accepted, hidden: torch.Tensor) -> torch.Tensor:
         """Move the accepted path's KV to the front of each request's verify window, and give the drafter the

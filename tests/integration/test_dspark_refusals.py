@@ -1,4 +1,5 @@
-"""Sampling parameters DSPARK cannot verify exactly are refused per request with one clear message."""
+"""Request features DSPARK cannot serve exactly (sgl_dspark.features) are refused per request with one clear
+message naming them; the server keeps serving."""
 
 import pytest
 import requests
@@ -7,12 +8,19 @@ from conftest import generate
 
 
 @pytest.mark.parametrize("params", [{"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
-                                    {"min_new_tokens": 4}, {"regex": "[a-z]+"}])
+                                    {"min_new_tokens": 4}, {"regex": "[a-z]+"}, {"logit_bias": {"13": 2.0}}])
 def test_unsupported_sampling_params_are_refused_by_name(dspark_server, params):
     reply = requests.post(f"{dspark_server.base_url}/generate", timeout=120,
                           json={"text": "Hello", "sampling_params": {"max_new_tokens": 8, **params}})
     assert reply.status_code == 400
     assert f"DSPARK does not support {next(iter(params))}" in reply.json()["error"]["message"]
+
+
+def test_hidden_states_requests_are_refused_by_name(dspark_server):
+    reply = requests.post(f"{dspark_server.base_url}/generate", timeout=120,
+                          json={"text": "Hello", "sampling_params": {"max_new_tokens": 8}, "return_hidden_states": True})
+    assert reply.status_code == 400
+    assert "DSPARK does not support return_hidden_states" in reply.json()["error"]["message"]
 
 
 def test_server_keeps_serving_after_a_refusal(dspark_server):

@@ -161,3 +161,26 @@ def test_kv_split_when_nothing_accepted():
     t = tree([4, 1, 2], [-1, 0, 0])
     split = kv_split(verify_greedy(t, peaked(3, 0, 0)), t.size)
     assert split.keep.tolist() == [0] and split.free.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3),
+                                    SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(min_p=0.2), GREEDY])
+def test_a_lone_root_is_verified_in_every_sampling_mode(params):
+    """The fallback block (nothing drafted: the draft worker is down) needs no draft_probs; its one token is the
+    target's own draw (distributed as target_probs), or the argmax when greedy."""
+    from sgl_dspark.sampling import target_probs
+
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0, 0.0, -3.0]])
+    gen = torch.Generator().manual_seed(3)
+    draws = [verify(tree([4], [-1]), logits, params, gen).emitted_tokens.tolist() for _ in range(400)]
+    assert all(len(d) == 1 for d in draws)
+    counts = torch.bincount(torch.tensor([d[0] for d in draws]), minlength=V).double() / 400
+    assert (counts[target_probs(logits, params)[0] == 0] == 0).all()
+    assert torch.allclose(counts, target_probs(logits, params)[0].double(), atol=0.08)
+
+
+def test_choices_are_matched_like_the_argmax():
+    """Seeded requests: the target's token after each node is fixed beforehand and drafts are matched to it."""
+    t = tree([4, 1, 2, 5], [-1, 0, 0, 2])
+    r = verify(t, torch.zeros(4, V), SamplingParams(temperature=1.0), choices=torch.tensor([2, 0, 5, 3]))
+    assert r.emitted_tokens.tolist() == [2, 5, 3]
