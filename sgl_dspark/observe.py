@@ -93,6 +93,7 @@ class Totals:
     verify_s: float = 0.0
     commit_s: float = 0.0
     drafted_ahead: int = 0
+    warned_causes: set[str] = field(default_factory=set)  # draft-worker failure causes warned about this window
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
@@ -123,9 +124,10 @@ class Series:
     this process's registry (registry=None), they are written to that directory."""
 
     def __init__(self, labels: dict[str, str], registry=None):
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         names = tuple(labels)
+        self.labels = labels
         self.verify_length = Histogram(
             "sglang:dspark_verify_length", "DSPARK draft tokens verified per request per step",
             names, buckets=LENGTH_BUCKETS, registry=registry).labels(**labels)
@@ -133,8 +135,29 @@ class Series:
             "sglang:dspark_accept_length", "DSPARK tokens accepted per request per step (bonus included)",
             names, buckets=LENGTH_BUCKETS, registry=registry).labels(**labels)
         self.draft_failures = Counter(
-            "sglang:dspark_draft_worker_failures", "DSPARK steps that found the draft worker unavailable",
-            names, registry=registry).labels(**labels)
+            "sglang:dspark_draft_worker_failures", "DSPARK steps that found the draft worker unavailable, by cause",
+            (*names, "cause"), registry=registry)
+
+        def gauge(name: str, doc: str):  # the scheduler's latest value (multiprocess: the most recent write wins)
+            return Gauge(name, doc, names, multiprocess_mode="mostrecent", registry=registry).labels(**labels)
+
+        self.worker_generation = gauge("sglang:dspark_draft_worker_generation",
+                                       "DSPARK draft worker restarts so far (0: the first worker)")
+        self.worker_drafted = gauge("sglang:dspark_draft_worker_drafted_nodes",
+                                    "DSPARK draft nodes (anchors excluded) the current draft worker produced")
+        self.arena_bytes = gauge("sglang:dspark_draft_arena_bytes",
+                                 "DSPARK shared-memory bytes held for the draft worker's arenas")
+        self.lookup_entries = gauge("sglang:dspark_lookup_entries",
+                                    "DSPARK requests with context-lookup state (dropped when they leave the batch)")
+
+    def draft_failed(self, cause: str) -> None:
+        self.draft_failures.labels(**self.labels, cause=cause).inc()
+
+    def draft_worker_state(self, generation: int, drafted: int, arena_bytes: int, lookup_entries: int) -> None:
+        self.worker_generation.set(generation)
+        self.worker_drafted.set(drafted)
+        self.arena_bytes.set(arena_bytes)
+        self.lookup_entries.set(lookup_entries)
 
     def observe(self, s: StepStats) -> None:
         for rows, tau in zip(s.verified, s.accepted):
@@ -147,6 +170,7 @@ class WorkerMetrics:
     log_interval: int = 40  # decode steps per log line: SGLang's --decode-log-interval
     window: Totals = field(default_factory=Totals)
     draft_failures: int = 0
+    failures_by_cause: dict[str, int] = field(default_factory=dict)
     lookup_tokens: int = 0  # accepted tokens only the lookup branch proposed
     series: Series | None = None  # only with --enable-metrics
 
@@ -166,12 +190,23 @@ class WorkerMetrics:
             logger.info(self.window.line())
             self.window = Totals()
 
-    def draft_worker_failed(self) -> None:
-        """Counted every time; warned once per log window so a dead draft worker does not flood the log."""
+    def draft_worker_failed(self, cause: str = "unknown", message: str = "") -> None:
+        """Counted every time, per cause (DraftWorkerUnavailable.cause); warned once per cause per log window, with
+        the exception's message, so a dead draft worker does not flood the log."""
         self.draft_failures += 1
+        self.failures_by_cause[cause] = self.failures_by_cause.get(cause, 0) + 1
         self.window.draft_failures += 1
         if self.series is not None:
-            self.series.draft_failures.inc()
-        if self.window.draft_failures == 1:
-            logger.warning("draft worker unavailable: decoding without speculation while it is (%d failures so far)",
-                           self.draft_failures)
+            self.series.draft_failed(cause)
+        if cause not in self.window.warned_causes:
+            self.window.warned_causes.add(cause)
+            logger.warning("draft worker unavailable (%s%s): decoding without speculation while it is "
+                           "(%d failures so far, %d %s)", cause, f": {message}" if message else "",
+                           self.draft_failures, self.failures_by_cause[cause], cause)
+
+    def draft_worker_state(self, generation: int, drafted: int, arena_bytes: int = 0, lookup_entries: int = 0) -> None:
+        """The draft side's state on /metrics: the client's generation (restarts), the draft nodes the current worker
+        produced (its own count), the shared-memory bytes of its arenas, the requests holding lookup state. Called
+        every step; only with metrics on."""
+        if self.series is not None:
+            self.series.draft_worker_state(generation, drafted, arena_bytes, lookup_entries)

@@ -172,7 +172,8 @@ class DSparkWorker(BaseSpecWorker):
         self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
                                        drafted_at - start, verified_at - drafted_at,
                                        time.perf_counter() - verified_at, self.client.ahead_hits - hits))
-        self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes)
+        self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,
+                                        0 if self.lookup is None else len(self.lookup.entries))
         cap_lens, block_accept_lens = result_counts(step.drafted, step.rows.sizes)
         return GenerationBatchResult(
             cap_lens=cap_lens.to(self.device), block_accept_lens=block_accept_lens.to(self.device),
@@ -234,7 +235,7 @@ class DSparkWorker(BaseSpecWorker):
 
     def draft_failed(self, exc: DraftWorkerUnavailable) -> None:
         """Counted per cause on /metrics and logged once per cause and log window (sgl_dspark.observe)."""
-        self.metrics.draft_worker_failed(getattr(exc, "cause", "unavailable"), str(exc))
+        self.metrics.draft_worker_failed(exc.cause, str(exc))
 
     def draft_ahead(self, batch, new_seq_lens: torch.Tensor, accepted) -> None:
         """The next step's drafting starts now, on the draft worker's core, while this process finishes the step

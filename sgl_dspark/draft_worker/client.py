@@ -13,8 +13,35 @@ from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.tree import DraftTree
 
 
+CAUSES = ("dead", "stalled", "invalid_reply", "shm_full", "restarting", "error", "closed")
+
+
 class DraftWorkerUnavailable(RuntimeError):
-    """The drafter could not answer in time (process dead or stalled); the caller decodes without drafts."""
+    """The drafter gave no usable answer this call; the caller decodes without drafts. `cause` (one of CAUSES)
+    says why in a word, for counting: dead or stalled worker, a reply that failed validation, a full /dev/shm, a
+    restart under way, a worker-side or client-side error, a closed client."""
+
+    def __init__(self, message: str, cause: str = "error") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class DraftReplyInvalid(DraftWorkerUnavailable):
+    """The worker's Proposed reply failed validation. `garbled`: its framing was wrong (tree count, sizes, tensor
+    references, shapes, tree structure): the worker does not speak the protocol and is restarted. Otherwise only its
+    numbers were (token ids, confidences, probabilities), which a restart would not change: the step decodes
+    without drafts and the worker keeps serving."""
+
+    def __init__(self, message: str, garbled: bool) -> None:
+        super().__init__(message, "invalid_reply")
+        self.garbled = garbled
+
+
+class ShmFull(DraftWorkerUnavailable):
+    """An arena could not be created, grown or written: the shared-memory directory is full or unusable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "shm_full")
 
 
 @dataclass(frozen=True)
@@ -49,6 +76,9 @@ class DraftBatch:
 
 class DraftClient(Protocol):
     ahead_hits: int  # trees `propose` returned that were drafted ahead (cumulative)
+    generation: int  # drafting engine restarts so far (0: the first engine)
+    worker_drafted: int  # draft nodes (anchors excluded) the current engine produced since it started
+    arena_bytes: int  # shared-memory bytes held for talking to the engine (0 in-process)
 
     def write_context(self, update: ContextUpdate) -> None: ...
 

@@ -37,6 +37,9 @@ class LocalDraftClient:
         self.proposer = Proposer(drafter, knobs)
         self.generator = torch.Generator().manual_seed(seed)
         self.ahead_hits = 0
+        self.generation = 0  # in-process: never restarted
+        self.worker_drafted = 0  # draft nodes produced (anchors excluded); the worker process reports this one
+        self.arena_bytes = 0  # in-process: no shared memory
 
     def write_context(self, update: ContextUpdate) -> None:
         self.store.write(update)
@@ -44,7 +47,9 @@ class LocalDraftClient:
     def propose(self, batch: DraftBatch) -> list[DraftTree]:
         inp = ProposeInput(self.store.gather(batch.context_slots), batch.anchors, batch.anchor_positions,
                            batch.sampling, self.generator)
-        return list(self.proposer.propose(inp).trees)
+        out = self.proposer.propose(inp)
+        self.worker_drafted += sum(out.draft_lengths)
+        return list(out.trees)
 
     def draft_ahead(self, batch: DraftBatch) -> None:
         """In-process there is no second core to draft on while the caller works: nothing to do."""

@@ -37,6 +37,7 @@ class Init(_Message):
     dtype: str  # drafter dtype, e.g. "float32"
     torch_threads: int
     arenas: tuple[str, ...]  # request and reply arena paths (unlinked by the worker only if orphaned)
+    arena_prefix: str  # every arena path the client names starts with this (shm.arena_prefix); others are refused
     gemm: str = "native"  # "onednn": the drafter's linear layers on packed weights (sgl_dspark.packed_gemm)
 
 
@@ -72,6 +73,7 @@ class Proposed(_Message):
     confidence: TensorRef  # [N] float32
     draft_probs: TensorRef | None  # [sum of sizes[i] where has_probs[i], V] float32
     ahead: int = 0  # trees that were drafted ahead (while the caller worked)
+    drafted_total: int = 0  # draft nodes (anchors excluded) this worker produced since it started
 
 
 class Ping(_Message):

@@ -2,7 +2,8 @@
 
 A fresh interpreter (it inherits nothing of SGLang) that takes Init, loads the drafter with the target's embedding and
 LM head (`load_target_weights`), runs exactly the in-process engine (LocalDraftClient) and answers requests until
-Shutdown, or until its parent dies (it then also removes the parent's arenas and socket file).
+Shutdown, or until its parent dies (it then also removes the parent's arenas and socket file). It opens only the
+client's arena files (named by Init's arena_prefix, regular files of this user): any other path is an Error reply.
 Must not import SGLang.
 """
 
@@ -20,7 +21,7 @@ from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
 from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Message, Ping, Pong, Propose, Proposed, Ready,
                                               Shutdown, TensorRef, WriteContext)
-from sgl_dspark.draft_worker.shm import DTYPES, ArenaMaps, unlink
+from sgl_dspark.draft_worker.shm import DTYPES, Arena, ArenaMaps, unlink
 from sgl_dspark.draft_worker.transport import Channel, ipc_path
 from sgl_dspark.drafter import TargetWeights, load_drafter
 from sgl_dspark.packed_gemm import pack_drafter
@@ -60,8 +61,8 @@ class Worker:
 
     def __init__(self, channel: Channel, parent_pid: int) -> None:
         self.channel, self.parent_pid = channel, parent_pid
-        self.maps = ArenaMaps()
-        self.arenas: set[str] = set()  # client arena paths seen; unlinked here only if the client dies
+        self.maps: ArenaMaps | None = None  # the client's arenas, by the prefix Init names
+        self.arenas: set[str] = set()  # client arena paths mapped; unlinked here only if the client dies
         self.engine: LocalDraftClient | None = None
         self.ahead: DraftBatch | None = None  # drafted right after the reply (Propose with ahead=True)
         self.drafted: dict[tuple, DraftTree] = {}  # request key (DraftBatch.key) -> tree drafted ahead
@@ -96,15 +97,24 @@ class Worker:
             return Error(f"{type(exc).__name__}: {exc}".replace("\n", " "))
 
     def init(self, message: Init) -> Ready:
+        maps = ArenaMaps(message.arena_prefix)
+        refused = [p for p in message.arenas if not maps.allows(p)]
+        if refused:
+            raise ValueError(f"Init names arenas outside {message.arena_prefix}*: {', '.join(refused)}")
+        self.maps, self.arenas = maps, set(message.arenas)
         torch.set_num_threads(message.torch_threads)
-        self.arenas.update(message.arenas)
         self.engine = load_engine(message)
         max_nodes = self.engine.proposer.knobs.max_nodes
         return Ready(os.getpid(), max_nodes + 1, self.engine.proposer.drafter.config.vocab_size)
 
+    def arena(self, path: str) -> Arena:
+        """The client's arena at `path`, mapped (only paths under Init's arena_prefix: ValueError for any other)."""
+        arena = self.maps.get(path)
+        self.arenas.add(path)
+        return arena
+
     def view(self, ref: TensorRef) -> torch.Tensor:
-        self.arenas.add(ref.arena)
-        return self.maps.view(ref)
+        return self.arena(ref.arena).view(ref)
 
     def write(self, message: WriteContext) -> Ack:
         update = ContextUpdate(self.view(message.slots), self.view(message.positions), self.view(message.features))
@@ -113,6 +123,7 @@ class Worker:
         return Ack()
 
     def propose(self, message: Propose) -> Proposed | Ack:
+        self.arena(message.reply_arena)  # a path that is not the client's is refused before any drafting
         slots = self.view(message.context_slots).split(list(message.context_lengths))
         batch = DraftBatch(tuple(slots), self.view(message.anchors), self.view(message.anchor_positions),
                            message.sampling)
@@ -144,14 +155,14 @@ class Worker:
 
     def reply(self, trees: list[DraftTree], path: str, ahead: int = 0) -> Proposed:
         """Trees -> concatenated tensors in the client's reply arena."""
-        self.arenas.add(path)
-        arena = self.maps.get(path)
+        arena = self.arena(path)
         arena.reset()
         tokens, parents, confidence = (arena.put(torch.cat([getattr(t, f) for t in trees]))
                                        for f in ("tokens", "parents", "confidence"))
         probs = [t.draft_probs for t in trees if t.draft_probs is not None]
         return Proposed(tuple(t.size for t in trees), tuple(t.draft_probs is not None for t in trees), tokens,
-                        parents, confidence, arena.put(torch.cat(probs)) if probs else None, ahead)
+                        parents, confidence, arena.put(torch.cat(probs)) if probs else None, ahead,
+                        self.engine.worker_drafted)
 
     def ping(self, message: Ping) -> Pong:
         return Pong(os.getpid())
@@ -167,7 +178,8 @@ class Worker:
         ipc_path(self.channel.address).unlink(missing_ok=True)  # the dead parent bound it and cannot remove it
 
     def close(self) -> None:
-        self.maps.close()
+        if self.maps is not None:
+            self.maps.close()
 
 
 def launch_command(address: str, parent_pid: int) -> list[str]:

@@ -1,42 +1,64 @@
 """The draft client that drafts in a separate process (`ProcessDraftClient`), with its supervisor.
 
-Owns the worker's lifetime (start, bounded waits, restart with bounded backoff, clean shutdown), the client-side
-shared-memory arenas, and the record of which KV slots hold context in the current worker generation.
+Owns the worker's lifetime (start, restart with bounded backoff, clean shutdown; one generation is a `WorkerHandle`),
+the client-side shared-memory arenas and the run directory, and checks every reply before the caller sees it.
 Must not import SGLang; the SGLang worker sees only the DraftClient protocol and DraftWorkerUnavailable.
 """
 
 import json
 import logging
-import os
-import subprocess
+import shutil
+import tempfile
 import threading
-import time
-import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-import msgspec
 import torch
-import zmq
 
-from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorkerUnavailable
-from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Message, Propose, Proposed, Ready, Shutdown,
-                                              WriteContext)
-from sgl_dspark.draft_worker.process import launch_command
-from sgl_dspark.draft_worker.shm import ALIGN, DEFAULT_DIR, DTYPES, GrowingArena
-from sgl_dspark.draft_worker.transport import Channel, ipc_address
+from sgl_dspark.draft_worker.client import (ContextUpdate, DraftBatch, DraftReplyInvalid, DraftWorkerUnavailable,
+                                            ShmFull)
+from sgl_dspark.draft_worker.handle import WorkerHandle
+from sgl_dspark.draft_worker.ledger import SlotLedger
+from sgl_dspark.draft_worker.messages import Ack, Error, Init, Message, Propose, Proposed, WriteContext
+from sgl_dspark.draft_worker.reply import ReplyLimits, garbled, unpack
+from sgl_dspark.draft_worker.shm import ALIGN, DEFAULT_DIR, DTYPES, GrowingArena, arena_prefix, space
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE
 from sgl_dspark.drafter.config import TargetSpec, parse_drafter_config
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.tree import DraftTree
 
 logger = logging.getLogger(__name__)
-POLL_S = 0.05  # while waiting for a reply, check this often that the worker is still alive
 
 
 class DraftWorkerError(DraftWorkerUnavailable):
     """The worker answered with an error (it keeps serving, no restart); the caller decodes without drafts."""
+
+
+@contextmanager
+def shm_errors(directory: str) -> Iterator[None]:
+    """An arena that cannot be created, grown or written (ENOSPC and any other OSError) -> ShmFull saying where,
+    how full it is and what to do."""
+    try:
+        yield
+    except OSError as exc:
+        raise ShmFull(f"draft arenas: {directory} ({space(directory)}): {exc.strerror or exc}; enlarge it (docker "
+                      f"run --shm-size=2g, or mount -o remount,size=2G {directory}) or free space there") from exc
+
+
+@contextmanager
+def unavailable_on_error(call: str) -> Iterator[None]:
+    """Whatever else goes wrong in a client call reaches the caller as DraftWorkerUnavailable (cause "error"), never
+    as OSError, ValueError and the like."""
+    try:
+        yield
+    except DraftWorkerUnavailable:
+        raise
+    except Exception as exc:
+        message = f"draft client {call}: {type(exc).__name__}: {exc}".replace("\n", " ")
+        raise DraftWorkerUnavailable(message, "error") from exc
 
 
 @dataclass(frozen=True)
@@ -48,7 +70,7 @@ class WorkerSettings:
     target: TargetSpec
     knobs: DraftKnobs
     num_slots: int  # target KV slots
-    run_dir: str  # ipc sockets live here (a Unix socket path holds at most 107 bytes: keep it short)
+    run_dir: str | None = None  # ipc sockets live here (<= 107-byte socket paths); None: a fresh temporary one
     seed: int = 0
     dtype: str = "float32"  # drafter dtype in the worker
     torch_threads: int = 1
@@ -92,100 +114,6 @@ def backoff(settings: WorkerSettings, failures: int) -> float:
     return min(first * 2 ** max(failures - 1, 0), longest)
 
 
-class WorkerHandle:
-    """One generation of the worker: its process, its channel and what it reported at Ready."""
-
-    def __init__(self, process: subprocess.Popen, channel: Channel) -> None:
-        self.process, self.channel = process, channel
-        self.ready: Ready | None = None
-
-    @staticmethod
-    def start(settings: WorkerSettings, init: Init, cancel: threading.Event) -> "WorkerHandle":
-        """Spawn, send Init, wait (bounded) for Ready. DraftWorkerUnavailable, nothing left running, on failure."""
-        address = ipc_address(settings.run_dir, f"dspark-draft-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        channel = Channel.client(address)
-        try:
-            handle = WorkerHandle(subprocess.Popen(launch_command(address, os.getpid())), channel)
-        except OSError as exc:
-            channel.close()
-            raise DraftWorkerUnavailable(f"draft worker could not be spawned: {exc}") from exc
-        try:
-            reply = handle.request(init, settings.start_timeout_s, cancel)
-            if not isinstance(reply, Ready):
-                raise DraftWorkerUnavailable(f"draft worker failed to start: {getattr(reply, 'message', reply)}")
-        except BaseException:
-            handle.kill()
-            raise
-        handle.ready = reply
-        return handle
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def request(self, message: Message, timeout_s: float, cancel: threading.Event | None = None) -> Message:
-        """Send, then wait for the reply; DraftWorkerUnavailable when the process dies or the deadline passes."""
-        name = type(message).__name__
-        try:
-            if self.process.poll() is not None:
-                raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {self.process.returncode})")
-            deadline = time.monotonic() + timeout_s
-            self.channel.send(message, timeout_s)
-            while (left := deadline - time.monotonic()) > 0 and not (cancel and cancel.is_set()):
-                reply = self.channel.recv(min(POLL_S, left))
-                if reply is not None:
-                    return reply
-                if self.process.poll() is not None:
-                    code = self.process.returncode
-                    raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {code})")
-        except (zmq.ZMQError, msgspec.MsgspecError) as exc:
-            if self.process.poll() is not None:  # a send to a dead worker times out: say why
-                code = self.process.returncode
-                raise DraftWorkerUnavailable(f"draft worker {self.pid} died (exit code {code})") from exc
-            raise DraftWorkerUnavailable(f"draft worker {self.pid}: {name}: {type(exc).__name__}: {exc}") from exc
-        if cancel and cancel.is_set():
-            raise DraftWorkerUnavailable(f"draft worker {self.pid}: {name} cancelled (client closing)")
-        raise DraftWorkerUnavailable(f"draft worker {self.pid} did not answer {name} within {timeout_s:g} s")
-
-    def stop(self, timeout_s: float) -> None:
-        """Shutdown, wait for the exit, SIGKILL after the timeout."""
-        try:
-            self.request(Shutdown(), timeout_s)
-            self.process.wait(timeout_s)
-        except (DraftWorkerUnavailable, subprocess.TimeoutExpired):
-            pass
-        self.kill()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self.channel.close()
-
-
-class SlotLedger:
-    """Which KV slots hold context written to the current worker generation (cleared when the worker is lost)."""
-
-    def __init__(self, num_slots: int) -> None:
-        self.written = torch.zeros(num_slots, dtype=torch.bool)  # [num_slots]
-
-    def mark(self, slots: torch.Tensor) -> None:
-        self.written[slots.cpu()] = True
-
-    def clear(self) -> None:
-        self.written.zero_()
-
-    def stale(self, contexts: tuple[torch.Tensor, ...]) -> list[int]:
-        """Indices of the requests whose context has a slot not written in this generation."""
-        if not contexts:
-            return []
-        lengths = torch.tensor([c.numel() for c in contexts])
-        owner = torch.repeat_interleave(torch.arange(len(contexts)), lengths)  # [sum L_i] request of each slot
-        missing = ~self.written[torch.cat(list(contexts)).cpu().long()]
-        counts = torch.zeros(len(contexts), dtype=torch.long).index_add_(0, owner, missing.long())
-        return counts.nonzero().flatten().tolist()
-
-
 def anchor_only(batch: DraftBatch, i: int, vocab: int) -> DraftTree:
     """The no-draft tree of request i (the anchor alone): the request decodes one token, as without speculation."""
     sampled = bool(batch.sampling) and not batch.sampling[i].is_greedy
@@ -193,75 +121,88 @@ def anchor_only(batch: DraftBatch, i: int, vocab: int) -> DraftTree:
                      torch.zeros(1, vocab) if sampled else None)
 
 
-def unpack(reply: Proposed, arena: GrowingArena) -> list[DraftTree]:
-    """Copy the trees out of the reply arena (it is overwritten by the next step)."""
-    sizes = list(reply.sizes)
-    tokens, parents, confidence = (arena.view(r).clone().split(sizes)
-                                   for r in (reply.tokens, reply.parents, reply.confidence))
-    probs = iter(())
-    if reply.draft_probs is not None:
-        probs = iter(arena.view(reply.draft_probs).clone().split([n for n, p in zip(sizes, reply.has_probs) if p]))
-    return [DraftTree(t, p, c, next(probs) if has else None)
-            for t, p, c, has in zip(tokens, parents, confidence, reply.has_probs)]
+def sampled_rows(batch: DraftBatch) -> tuple[bool, ...]:
+    """[B] whether request i samples (its tree must carry draft_probs)."""
+    if not batch.sampling:
+        return (False,) * batch.anchors.shape[0]
+    return tuple(not s.is_greedy for s in batch.sampling)
 
 
 class ProcessDraftClient:
     """DraftClient whose engine (exactly LocalDraftClient) runs in a separate process.
 
-    Failure: when the worker dies, stalls past a deadline or answers garbage, the call raises
-    DraftWorkerUnavailable, one warning is logged ("draft worker died/stalled; serving without speculation;
-    restarting"), and the worker is restarted in the background with bounded backoff. Until the new worker is
-    up every call raises DraftWorkerUnavailable; the caller decodes without drafts (no request lost, no wrong token).
+    Failure: every failure reaches the caller as DraftWorkerUnavailable, whose `cause` names it (client.CAUSES);
+    the caller decodes that step without drafts (no request lost, no wrong token). When the worker dies, stalls
+    past a deadline or answers garbage (a reply of the wrong type, or a Proposed whose framing is wrong:
+    DraftReplyInvalid with garbled=True), one warning is logged ("... serving without speculation; restarting")
+    and the worker is restarted in the background with bounded backoff; until the new worker is up every call
+    raises DraftWorkerUnavailable (cause "restarting"). A Proposed whose numbers only are wrong (token ids,
+    confidences, probabilities: garbled=False), an Error reply (DraftWorkerError) and a full shared-memory
+    directory (ShmFull, cause "shm_full") fail that call only: the worker keeps serving.
 
     Context contract: a restarted worker has an empty context store, and `generation` counts restarts. Context
-    written before a restart is stale: `propose` never drafts from it — a request whose context slots were not
-    all written (write_context) in the current generation gets an anchor-only tree (no draft tokens; draft_probs
-    a zero row when sampled) until the caller rewrites that context. `stale_requests(batch)` names those
-    requests beforehand. Context rewritten in the current generation drafts exactly as LocalDraftClient would.
+    written before a restart is stale: `propose` never drafts from it. A request drafts from the part of its
+    context written (write_context) in the current generation (SlotLedger.drafted_part), and gets an anchor-only
+    tree (no draft tokens; draft_probs a zero row when sampled) only while nothing of its context is written;
+    `stale_requests(batch)` names the requests with some stale context. Drafts never change the output (the target
+    verifies them), only how many are accepted. A request whose context is all written in the current generation
+    drafts exactly as LocalDraftClient would.
+
+    Files: the arenas live in settings.shm_dir; the ipc sockets in settings.run_dir, or, when it is None, in a
+    temporary directory the client creates and removes in close().
     """
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
-        request_bytes, reply_bytes_ = arena_sizes(settings)
-        self.requests = GrowingArena(settings.shm_dir, request_bytes, "req")
-        self.replies = GrowingArena(settings.shm_dir, reply_bytes_, "rep")
+        self.run_dir = settings.run_dir or tempfile.mkdtemp(prefix="dspark-")  # short: socket paths <= 107 bytes
+        self._owns_run_dir = settings.run_dir is None
         self.ledger = SlotLedger(settings.num_slots)
-        self._generation, self._failures = 0, 0
+        self._generation, self._failures, self._drafted = 0, 0, 0
         self.ahead_hits = 0
         self._lock, self._closing = threading.Lock(), threading.Event()
         self._pending: WorkerHandle | None = None
         self._restarter: threading.Thread | None = None
-        try:
+        self._gave_up = False
+        with ExitStack() as undo:  # on any failure below, undo what was made
+            undo.callback(self._remove_run_dir)
+            request_bytes, reply_bytes_ = arena_sizes(settings)
+            with shm_errors(settings.shm_dir):
+                self.requests = GrowingArena(settings.shm_dir, request_bytes, "req")
+                undo.callback(self.requests.close)
+                self.replies = GrowingArena(settings.shm_dir, reply_bytes_, "rep")
+                undo.callback(self.replies.close)
             self._handle: WorkerHandle | None = self._start()
-        except BaseException:
-            self.requests.close()
-            self.replies.close()
-            raise
+            undo.pop_all()
 
     # ---- the DraftClient protocol ----------------------------------------------------------------------------
 
     def write_context(self, update: ContextUpdate) -> None:
-        self._live()
-        refs = self.requests.put_all([update.slots, update.positions, update.features])
-        self._call(WriteContext(*refs), self.settings.write_timeout_s, Ack)
-        self.ledger.mark(update.slots)
+        with unavailable_on_error("write_context"):
+            self._live()
+            with shm_errors(self.settings.shm_dir):
+                refs = self.requests.put_all([update.slots, update.positions, update.features])
+            self._call(WriteContext(*refs), self.settings.write_timeout_s, Ack)
+            self.ledger.mark(update.slots)
 
     def propose(self, batch: DraftBatch) -> list[DraftTree]:
-        ready = self._live().ready
-        stale = set(self.ledger.stale(batch.context_slots))
-        fresh = [i for i in range(batch.anchors.shape[0]) if i not in stale]
-        sub = batch.select(fresh) if stale else batch
-        trees = dict(zip(fresh, self._propose(sub))) if fresh else {}
-        trees |= {i: anchor_only(batch, i, ready.probs_width) for i in stale}
-        return [trees[i] for i in range(batch.anchors.shape[0])]
+        with unavailable_on_error("propose"):
+            width = self._live().ready.probs_width
+            part, rows = self.ledger.drafted_part(batch)
+            trees = dict(zip(rows, self._propose(part))) if rows else {}
+            return [trees[i] if i in trees else anchor_only(batch, i, width) for i in range(batch.anchors.shape[0])]
 
     def draft_ahead(self, batch: DraftBatch) -> None:
-        """Only for a batch whose context is all written in this generation (else the worker drafts nothing)."""
-        if self._handle is not None and not self.ledger.stale(batch.context_slots):
-            self._propose(batch, ahead=True)
+        """Drafts what `propose` would (the written part of each context), so the keys match next step."""
+        with unavailable_on_error("draft_ahead"):
+            if self._handle is None:
+                return
+            part, rows = self.ledger.drafted_part(batch)
+            if rows:
+                self._propose(part, ahead=True)
 
     def close(self) -> None:
-        """Shut the worker down (Shutdown, wait, SIGKILL after stop_timeout_s) and free the arenas. Idempotent."""
+        """Shut the worker down (Shutdown, wait, SIGKILL after stop_timeout_s), free the arenas and remove the run
+        directory the client made. Idempotent."""
         if self._closing.is_set():
             return
         self._closing.set()
@@ -273,6 +214,7 @@ class ProcessDraftClient:
         self._handle = self._pending = None
         self.requests.close()
         self.replies.close()
+        self._remove_run_dir()
 
     # ---- state the caller may read ---------------------------------------------------------------------------
 
@@ -280,6 +222,17 @@ class ProcessDraftClient:
     def generation(self) -> int:
         """0 for the first worker, +1 per restart that took over (context written before it is stale)."""
         return self._generation
+
+    @property
+    def worker_drafted(self) -> int:
+        """Draft nodes (anchors excluded) the current generation's worker produced, as it last reported (0 right
+        after a restart)."""
+        return self._drafted
+
+    @property
+    def arena_bytes(self) -> int:
+        """Shared-memory bytes the client's arenas hold now (0 once closed)."""
+        return 0 if self._closing.is_set() else self.requests.arena.size + self.replies.arena.size
 
     @property
     def available(self) -> bool:
@@ -290,7 +243,7 @@ class ProcessDraftClient:
         return None if self._handle is None else self._handle.pid
 
     def stale_requests(self, batch: DraftBatch) -> list[int]:
-        """Requests whose context must be rewritten before they are drafted for again."""
+        """Requests with context written before the current generation (drafted from the rest of it only)."""
         return self.ledger.stale(batch.context_slots)
 
     def __enter__(self) -> "ProcessDraftClient":
@@ -303,53 +256,68 @@ class ProcessDraftClient:
 
     def _propose(self, batch: DraftBatch, ahead: bool = False) -> list[DraftTree]:
         lengths = tuple(s.numel() for s in batch.context_slots)
-        slots, anchors, positions = self.requests.put_all([torch.cat(batch.context_slots), batch.anchors,
-                                                           batch.anchor_positions])
         ready = self._handle.ready
-        self.replies.ensure(reply_bytes(len(lengths), ready.max_tree_size, ready.probs_width))
+        with shm_errors(self.settings.shm_dir):
+            slots, anchors, positions = self.requests.put_all([torch.cat(batch.context_slots), batch.anchors,
+                                                               batch.anchor_positions])
+            self.replies.ensure(reply_bytes(len(lengths), ready.max_tree_size, ready.probs_width))
         message = Propose(slots, lengths, anchors, positions, tuple(batch.sampling), self.replies.path, ahead)
         if ahead:
             self._call(message, self.settings.write_timeout_s, Ack)
             return []
-        reply = self._call(message, self.settings.propose_timeout_s, Proposed)
+        limits = ReplyLimits(sampled_rows(batch), ready.max_tree_size, ready.probs_width)
+        reply, trees = self._call(message, self.settings.propose_timeout_s, Proposed,
+                                  lambda r: (r, unpack(r, self.replies, limits)))
         self.ahead_hits += reply.ahead
-        return unpack(reply, self.replies)
+        self._drafted = reply.drafted_total
+        return trees
 
-    def _call(self, message: Message, timeout_s: float, expect: type) -> Message:
+    def _call(self, message: Message, timeout_s: float, expect: type, read: Callable | None = None):
+        """The worker's reply to `message`, of type `expect`, passed through `read` (which validates it). A lost
+        worker or a garbled reply restarts it (_fail); an Error reply or a reply with bad numbers does not."""
         handle = self._live()
         try:
             reply = handle.request(message, timeout_s)
+            if isinstance(reply, Error):
+                logger.warning("draft worker error on %s: %s", type(message).__name__, reply.message)
+                raise DraftWorkerError(f"draft worker error on {type(message).__name__}: {reply.message}")
+            if not isinstance(reply, expect):
+                raise garbled(f"{type(reply).__name__} in answer to {type(message).__name__}")
+            result = reply if read is None else read(reply)
+        except DraftWorkerError:
+            raise
+        except DraftReplyInvalid as exc:
+            if exc.garbled:
+                self._fail(exc)
+            raise
         except DraftWorkerUnavailable as exc:
             self._fail(exc)
-        if isinstance(reply, Error):
-            logger.warning("draft worker error on %s: %s", type(message).__name__, reply.message)
-            raise DraftWorkerError(reply.message)
-        if not isinstance(reply, expect):
-            self._fail(DraftWorkerUnavailable(f"draft worker answered {type(reply).__name__} to "
-                                              f"{type(message).__name__}"))
         self._failures = 0
-        return reply
+        return result
 
     # ---- supervision -----------------------------------------------------------------------------------------
 
     def _start(self) -> WorkerHandle:
         s = self.settings
-        init = Init(s.drafter_path, s.target_path, s.target, s.knobs, s.num_slots, s.seed, s.dtype,
-                    s.torch_threads, (self.requests.path, self.replies.path), s.gemm)
-        return WorkerHandle.start(s, init, self._closing)
+        init = Init(s.drafter_path, s.target_path, s.target, s.knobs, s.num_slots, s.seed, s.dtype, s.torch_threads,
+                    (self.requests.path, self.replies.path), arena_prefix(s.shm_dir), s.gemm)
+        return WorkerHandle.start(self.run_dir, init, s.start_timeout_s, self._closing)
 
     def _live(self) -> WorkerHandle:
         """The serving worker, installing a restarted one first; DraftWorkerUnavailable when there is none."""
         if self._closing.is_set():
-            raise DraftWorkerUnavailable("draft client is closed")
+            raise DraftWorkerUnavailable("draft client is closed", "closed")
         if self._handle is None:
             with self._lock:
                 pending, self._pending = self._pending, None
+            if pending is None and self._gave_up:
+                raise DraftWorkerUnavailable(f"draft worker is down: {self.settings.max_restart_attempts} restarts "
+                                             f"failed", "dead")
             if pending is None:
-                raise DraftWorkerUnavailable("draft worker is restarting")
-            self._handle, self._generation = pending, self._generation + 1
+                raise DraftWorkerUnavailable("draft worker is restarting", "restarting")
+            self._handle, self._generation, self._drafted = pending, self._generation + 1, 0
             self.ledger.clear()
-            logger.info("draft worker restarted (pid %d, generation %d); stale context must be rewritten",
+            logger.info("draft worker restarted (pid %d, generation %d); drafting from context written from now on",
                         pending.pid, self._generation)
         return self._handle
 
@@ -357,11 +325,15 @@ class ProcessDraftClient:
         handle, self._handle = self._handle, None
         self.ledger.clear()
         self._failures += 1
-        logger.warning("draft worker died/stalled (%s); serving without speculation; restarting", exc)
+        logger.warning("draft worker failed (%s: %s); serving without speculation; restarting", exc.cause, exc)
         handle.kill()
         self._restarter = threading.Thread(target=self._restart, name="dspark-draft-restart", daemon=True)
         self._restarter.start()
         raise exc
+
+    def _remove_run_dir(self) -> None:
+        if self._owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _restart(self) -> None:
         """Background: start a new worker after a backoff; hand it over via _pending (installed by _live)."""
@@ -370,7 +342,7 @@ class ProcessDraftClient:
                 return
             try:
                 handle = self._start()
-            except DraftWorkerUnavailable as exc:
+            except Exception as exc:  # whatever it is, the next attempt may succeed; this thread must not die
                 if not self._closing.is_set():
                     logger.warning("draft worker restart failed: %s", exc)
                 continue
@@ -380,5 +352,6 @@ class ProcessDraftClient:
                     return
             handle.stop(self.settings.stop_timeout_s)
             return
+        self._gave_up = True
         logger.error("draft worker: %d restarts failed; serving without speculation from now on",
                      self.settings.max_restart_attempts)

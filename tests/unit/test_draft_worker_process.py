@@ -2,6 +2,7 @@
 restarts when killed or stalled (stale context is never drafted from), and leaves no process, socket or
 shared-memory file behind after close() or after its parent dies."""
 
+import errno
 import glob
 import logging
 import os
@@ -13,14 +14,18 @@ import tempfile
 import textwrap
 import time
 
+import msgspec
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorkerUnavailable
+from sgl_dspark.draft_worker.client import (ContextUpdate, DraftBatch, DraftReplyInvalid, DraftWorkerUnavailable,
+                                            ShmFull)
 from sgl_dspark.draft_worker.local import LocalDraftClient
-from sgl_dspark.draft_worker.messages import Ack, Error, Init, Ping, Pong, Propose, Shutdown, TensorRef
+from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Ping, Pong, Propose, Proposed, Ready, Shutdown,
+                                              TensorRef, WriteContext)
 from sgl_dspark.draft_worker.process import Worker, load_target_weights
+from sgl_dspark.draft_worker.shm import GrowingArena, arena_prefix
 from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings, arena_sizes
 from sgl_dspark.drafter import DraftKnobs, TargetSpec, load_drafter, save_drafter
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
@@ -158,6 +163,17 @@ def remote(folders, run_dir):
     client.close()
 
 
+@pytest.fixture()
+def written(folders, run_dir):
+    """A client of its own (its worker gets spoiled or killed) with context() written: (client, updates)."""
+    client = ProcessDraftClient(settings(folders, run_dir))
+    updates = context()
+    for u in updates:
+        client.write_context(u)
+    yield client, updates
+    client.close()
+
+
 def test_load_target_weights_tied_and_untied(tmp_path):
     embed, head = torch.randn(10, 4), torch.randn(10, 4)
     save_file({"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(4)},
@@ -213,37 +229,31 @@ def test_drafts_made_ahead_are_reused_only_where_the_request_is_unchanged(folder
     assert remote.ahead_hits - hits == 3 + 2
 
 
-def test_killed_worker_fails_fast_restarts_and_drafts_again_after_rewrite(folders, run_dir, one_thread, caplog):
-    client = ProcessDraftClient(settings(folders, run_dir))
-    try:
-        updates = context()
-        for u in updates:
-            client.write_context(u)
-        b = batch(updates, (WARM, GREEDY, TOPK))
+def test_killed_worker_fails_fast_restarts_and_drafts_again_after_rewrite(folders, written, one_thread, caplog):
+    client, updates = written
+    b = batch(updates, (WARM, GREEDY, TOPK))
+    client.propose(b)
+    first = client.pid
+    os.kill(first, signal.SIGKILL)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(DraftWorkerUnavailable, match="died"):
         client.propose(b)
-        first = client.pid
-        os.kill(first, signal.SIGKILL)
-        start = time.monotonic()
-        with caplog.at_level(logging.WARNING), pytest.raises(DraftWorkerUnavailable, match="died"):
-            client.propose(b)
-        assert time.monotonic() - start < 1.5  # a dead process is noticed long before the deadline
-        warned = [r.message for r in caplog.records if "died/stalled" in r.message]
-        assert len(warned) == 1 and "serving without speculation; restarting" in warned[0] and not client.pid
-        stale = wait_until_served(client, b)  # the new worker never drafts from pre-restart context
-        assert client.generation == 1 and client.pid != first
-        assert [t.size for t in stale] == [1, 1, 1] and stale[1].draft_probs is None
-        assert torch.equal(stale[0].draft_probs, torch.zeros(1, 50))
-        assert client.stale_requests(b) == [0, 1, 2]
-        client.write_context(updates[1])  # rewrite one (greedy: no draw from the reseeded generator)
-        assert client.stale_requests(b) == [0, 2]
-        assert [t.size > 1 for t in client.propose(b)] == [False, True, False]
-        local = local_client(folders)
-        for u in updates:
-            local.write_context(u)
-            client.write_context(u)
-        assert_same_trees(client.propose(b), local.propose(b))
-    finally:
-        client.close()
+    assert time.monotonic() - start < 1.5  # a dead process is noticed long before the deadline
+    warned = [r.message for r in caplog.records if "draft worker failed (dead" in r.message]
+    assert len(warned) == 1 and "serving without speculation; restarting" in warned[0] and not client.pid
+    stale = wait_until_served(client, b)  # the new worker never drafts from pre-restart context
+    assert client.generation == 1 and client.pid != first
+    assert [t.size for t in stale] == [1, 1, 1] and stale[1].draft_probs is None
+    assert torch.equal(stale[0].draft_probs, torch.zeros(1, 50))
+    assert client.stale_requests(b) == [0, 1, 2]
+    client.write_context(updates[1])  # rewrite one (greedy: no draw from the reseeded generator)
+    assert client.stale_requests(b) == [0, 2]
+    assert [t.size > 1 for t in client.propose(b)] == [False, True, False]
+    local = local_client(folders)
+    for u in updates:
+        local.write_context(u)
+        client.write_context(u)
+    assert_same_trees(client.propose(b), local.propose(b))
 
 
 def test_stalled_worker_times_out_and_close_mid_restart_leaves_nothing(folders, run_dir):
@@ -299,7 +309,155 @@ def test_worker_answers_errors_in_process(folders):
     worker = Worker(channel=None, parent_pid=os.getppid())
     ref = TensorRef("/nonexistent", 0, (0,), "int64")
     assert "Init must come first" in worker.answer(Propose(ref, (), ref, ref, (), "/nonexistent")).message
-    bad = Init(drafter_path, target_path, TargetSpec(64, 50, 6), KNOBS, NUM_SLOTS, SEED, "float32", 1, ())
+    bad = Init(drafter_path, target_path, TargetSpec(64, 50, 6), KNOBS, NUM_SLOTS, SEED, "float32", 1, (),
+               arena_prefix("/dev/shm"))
     error = worker.answer(bad)
     assert isinstance(error, Error) and "hidden_size" in error.message and "\n" not in error.message
     assert worker.answer(Ping()) == Pong(os.getpid()) and worker.answer(Shutdown()) == Ack() and not worker.running
+
+
+def test_a_client_without_run_dir_makes_its_own_and_removes_it(folders, run_dir):
+    client = ProcessDraftClient(settings(folders, None))
+    made = client.run_dir
+    assert os.path.basename(made).startswith("dspark-") and sockets(made)
+    assert client.arena_bytes == client.requests.arena.size + client.replies.arena.size > 0
+    client.close()
+    assert not os.path.exists(made) and client.arena_bytes == 0
+    given = ProcessDraftClient(settings(folders, run_dir))
+    given.close()
+    assert os.path.isdir(run_dir)  # the caller's directory is the caller's
+
+
+def spoil_replies(monkeypatch, client, spoil):
+    """Pass every Proposed reply of the client's current worker through `spoil(reply) -> reply`."""
+    handle = client._handle
+    real = handle.request
+
+    def request(message, timeout_s, cancel=None):
+        reply = real(message, timeout_s, cancel)
+        return spoil(reply) if isinstance(reply, Proposed) else reply
+
+    monkeypatch.setattr(handle, "request", request)
+
+
+def test_a_garbled_reply_restarts_the_worker_and_bad_numbers_only_fail_the_step(written, monkeypatch):
+    client, updates = written
+    b = batch(updates, (WARM, GREEDY, TOPK))
+    first = client.pid
+
+    def out_of_vocab(reply):
+        client.replies.view(reply.tokens)[0] = 10**6  # the drafter's vocabulary has 50 tokens
+        return reply
+
+    spoil_replies(monkeypatch, client, out_of_vocab)
+    with pytest.raises(DraftReplyInvalid, match=r"token ids outside \[0, 50\)") as caught:
+        client.propose(b)
+    assert caught.value.cause == "invalid_reply" and not caught.value.garbled and client.pid == first
+    monkeypatch.undo()
+    spoil_replies(monkeypatch, client, lambda r: msgspec.structs.replace(r, sizes=r.sizes[1:]))
+    with pytest.raises(DraftReplyInvalid, match="2 trees .* for 3 requests") as caught:
+        client.propose(b)
+    assert caught.value.garbled and client.pid is None  # a worker answering garbage is replaced
+    wait_until_served(client, b)
+    assert client.generation == 1 and client.pid != first
+
+
+def test_a_full_shm_and_unexpected_errors_come_out_as_unavailable(folders, run_dir, monkeypatch):
+    from sgl_dspark.draft_worker import shm
+
+    def enospc(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    client = ProcessDraftClient(settings(folders, run_dir))
+    try:
+        worker = client.pid
+        monkeypatch.setattr(shm.os, "posix_fallocate", enospc)
+        big = context(lengths=(40,))[0]  # more than the 4-token request arena: it must grow
+        with pytest.raises(ShmFull) as caught:
+            client.write_context(big)
+        message = str(caught.value)
+        assert caught.value.cause == "shm_full" and "\n" not in message
+        assert "/dev/shm (size " in message and "MiB free" in message and "--shm-size" in message
+        monkeypatch.undo()
+        client.write_context(big)  # the worker kept serving: the next step finds room
+        monkeypatch.setattr(client._handle.channel, "send", lambda *a: (_ for _ in ()).throw(ValueError("boom")))
+        with pytest.raises(DraftWorkerUnavailable, match="ValueError: boom") as caught:
+            client.propose(batch([big], (GREEDY,)))
+        assert caught.value.cause == "error" and client.pid == worker
+        monkeypatch.undo()
+        assert len(client.propose(batch([big], (GREEDY,)))) == 1
+    finally:
+        client.close()
+    made = set(glob.glob(os.path.join(tempfile.gettempdir(), "dspark-*")))
+    monkeypatch.setattr(shm.os, "posix_fallocate", enospc)
+    with pytest.raises(ShmFull):
+        ProcessDraftClient(settings(folders, None))
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "dspark-*"))) == made  # its run dir went too
+
+
+def test_after_a_restart_requests_draft_from_the_context_written_since(folders, written, one_thread):
+    client, updates = written
+    greedy = (GREEDY, GREEDY, GREEDY)
+    b = batch(updates, greedy)
+    drafted = sum(t.size - 1 for t in client.propose(b))
+    assert client.worker_drafted == drafted > 0
+    os.kill(client.pid, signal.SIGKILL)
+    with pytest.raises(DraftWorkerUnavailable) as caught:
+        client.propose(b)
+    assert caught.value.cause == "dead"
+    wait_until_served(client, b)
+    assert client.generation == 1 and client.worker_drafted == 0
+    # Request 0 decodes 3 tokens past its cached (pre-restart) prefix; request 2 is rewritten; 1 is untouched.
+    suffix = ContextUpdate(torch.tensor([60, 61, 62]), torch.arange(5, 8), torch.randn(3, 64))
+    client.write_context(suffix)
+    client.write_context(updates[2])
+    grown = DraftBatch((torch.cat([updates[0].slots, suffix.slots]), updates[1].slots, updates[2].slots),
+                       torch.tensor([7, 11, 23]), torch.tensor([8, 3, 7]), greedy)
+    trees = client.propose(grown)
+    local = local_client(folders)
+    local.write_context(suffix)
+    local.write_context(updates[2])
+    want = local.propose(DraftBatch((suffix.slots, updates[2].slots), torch.tensor([7, 23]), torch.tensor([8, 7]),
+                                    greedy[:2]))
+    assert_close_trees([trees[0], trees[2]], want)
+    assert trees[1].size == 1 and client.stale_requests(grown) == [0, 1]
+    assert client.worker_drafted == local.worker_drafted == sum(t.size - 1 for t in want)
+
+
+def test_the_worker_maps_only_the_clients_arenas(folders, tmp_path):
+    drafter_path, target_path, spec = folders
+    requests = GrowingArena(str(tmp_path), 4096, "req")
+    worker = Worker(channel=None, parent_pid=os.getppid())
+
+    def init(arenas):
+        return Init(drafter_path, target_path, spec, KNOBS, NUM_SLOTS, SEED, "float32", 1, arenas,
+                    arena_prefix(str(tmp_path)))
+
+    refused = worker.answer(init((requests.path, "/etc/passwd")))
+    assert isinstance(refused, Error) and "outside" in refused.message and worker.engine is None
+    assert isinstance(worker.answer(init((requests.path,))), Ready)
+    u = context()[0]
+    good = WriteContext(*requests.put_all([u.slots, u.positions, u.features]))
+    assert worker.answer(good) == Ack()
+    victim = tmp_path / "victim"
+    victim.write_bytes(bytes(4096))
+    link = f"{arena_prefix(str(tmp_path))}evil"
+    os.symlink(victim, link)
+    for path in ("/etc/passwd", link, f"{tmp_path}/../{tmp_path.name}/{os.path.basename(requests.path)}"):
+        bad = WriteContext(*(msgspec.structs.replace(r, arena=path) for r in (good.slots, good.positions,
+                                                                                good.features)))
+        assert isinstance(worker.answer(bad), Error)
+        assert path not in worker.maps.maps and path not in worker.arenas
+    propose = Propose(good.slots, (len(u.slots),), good.slots, good.slots, (GREEDY,), "/etc/passwd")
+    assert "not an arena of this client" in worker.answer(propose).message
+    worker.close()
+    requests.close()
+
+
+def test_the_local_client_counts_its_drafts_and_is_never_restarted(folders):
+    local = local_client(folders)
+    updates = context()
+    for u in updates:
+        local.write_context(u)
+    trees = local.propose(batch(updates, (GREEDY, GREEDY, GREEDY)))
+    assert local.worker_drafted == sum(t.size - 1 for t in trees) and local.generation == local.arena_bytes == 0

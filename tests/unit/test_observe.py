@@ -172,7 +172,7 @@ def test_series_record_lengths_and_failures():
     assert value("sglang:dspark_verify_length_count") == 4 and value("sglang:dspark_verify_length_sum") == 7
     assert value("sglang:dspark_verify_length_bucket", le="0.0") == 1
     assert value("sglang:dspark_accept_length_sum") == 7 and value("sglang:dspark_accept_length_bucket", le="1.0") == 2
-    assert value("sglang:dspark_draft_worker_failures_total") == 1
+    assert value("sglang:dspark_draft_worker_failures_total", cause="unknown") == 1
 
 
 def test_series_exist_only_with_enable_metrics():
