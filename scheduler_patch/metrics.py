@@ -8,13 +8,11 @@ tokenizer. Patches: `dspark.spec_meta_info` rewrites a DSPARK request's meta_inf
 verified drafts. Builtin algorithms are untouched. Must not count anything itself (sgl_dspark.observe does).
 """
 
-import inspect
-import pkgutil
 
 from sgl_dspark.observe import RequestCounts, accept_rate, request_meta
 
 from scheduler_patch.algorithm import NAME, DSparkSpec
-from scheduler_patch.patches import Patch
+from scheduler_patch.patches import Patch, source_lacks
 
 TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter"
@@ -74,7 +72,7 @@ def _counts_reach_the_tokenizer() -> str | None:
         missing = set(CARRIED) - set(getattr(io_struct, output).__struct_fields__)
         if missing:
             return f"sglang.srt.managers.io_struct.{output} no longer carries {sorted(missing)}"
-    return _source_lacks(f"{RESULTS}._resolve_spec_v2_tokens", SUMS_ONTO_REQ)
+    return source_lacks(f"{RESULTS}._resolve_spec_v2_tokens", SUMS_ONTO_REQ)
 
 
 # -- dspark.spec_accept_rate: the scheduler's decode log line and spec gauges -----------------------------------
@@ -98,13 +96,7 @@ def _report_decode_stats(original, self, *args, **kwargs):
 
 
 def _rate_formula_unchanged() -> str | None:
-    return _source_lacks(f"{REPORTER}.SchedulerMetricsReporter.report_decode_stats", RATE_FORMULA)
-
-
-def _source_lacks(target: str, snippets: tuple[str, ...]) -> str | None:
-    source = " ".join(inspect.getsource(pkgutil.resolve_name(target)).split())
-    missing = [s for s in snippets if s not in source]
-    return f"{target} no longer contains {missing}" if missing else None
+    return source_lacks(f"{REPORTER}.SchedulerMetricsReporter.report_decode_stats", RATE_FORMULA)
 
 
 SPEC_META_INFO = Patch("dspark.spec_meta_info", f"{TOKENIZER}._calculate_spec_decoding_metrics", "method",

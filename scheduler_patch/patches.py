@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("function", "method", "classmethod", "staticmethod")
+KINDS = ("function", "method", "classmethod", "staticmethod", "class")  # "class": a class attribute holding a
+# class that upstream instantiates through the attribute (e.g. `self.server_args_class(**kwargs)`)
 
 
 class PatchDriftError(RuntimeError):
@@ -101,6 +102,8 @@ def _kind_of(owner: Any, raw: Any) -> tuple[str, Callable | None]:
         return "classmethod", raw.__func__
     if isinstance(raw, staticmethod):
         return "staticmethod", raw.__func__
+    if isinstance(owner, type) and isinstance(raw, type):
+        return "class", None
     if isinstance(owner, type):
         return ("method", raw) if inspect.isfunction(raw) else (type(raw).__name__, None)
     if callable(raw) and not isinstance(raw, type):
@@ -127,11 +130,21 @@ def _wrap(kind: str, raw: Any, around: Callable) -> Any:
         return classmethod(bound)
     func = raw.__func__ if kind == "staticmethod" else raw
 
-    @functools.wraps(func)
     def wrapper(*args, **kwargs):
         return around(func, *args, **kwargs)
 
+    if kind == "class":  # called through an instance: no self
+        wrapper.__name__ = wrapper.__qualname__ = f"{raw.__name__}_patched"
+        return staticmethod(wrapper)
+    wrapper = functools.wraps(func)(wrapper)
     return staticmethod(wrapper) if kind == "staticmethod" else wrapper
+
+
+def source_lacks(target: str, snippets: tuple[str, ...]) -> str | None:
+    """For a `requires=` check: which upstream source snippets (whitespace-normalised) `target` no longer holds."""
+    source = " ".join(inspect.getsource(pkgutil.resolve_name(target)).split())
+    missing = [s for s in snippets if s not in source]
+    return f"{target} no longer contains {missing}" if missing else None
 
 
 def apply_all(patches: Iterable[Patch]) -> None:

@@ -3,19 +3,20 @@
 It announces itself on stderr (one line, so every process shows it ran; SGLang configures logging only
 after plugins load in some processes), applies the named patches (all checked before any is applied; SGLang
 drift ends the process with one line, since a half-patched SGLang would hand DSPARK to the builtin) and
-registers the attention backends. With no DSPARK requested, no patch changes SGLang's behaviour.
+registers the attention backends. With no DSPARK requested, the only patch that changes SGLang's behaviour
+refuses prompts the model cannot run (request_checks.py: a 400 instead of a dead server).
 """
 
 import os
 import sys
 
 import sgl_dspark
-from scheduler_patch import algorithm, errors, metrics, server_args
+from scheduler_patch import algorithm, errors, metrics, request_checks, server_args
 from scheduler_patch.backends import register_attention_backends
 from scheduler_patch.patches import PatchDriftError, apply_all
 
 ANNOUNCE = "sgl-dspark plugin loaded"
-PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES, *metrics.PATCHES)
+PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES, *metrics.PATCHES, *request_checks.PATCHES)
 
 
 def process_role() -> str:

@@ -299,10 +299,22 @@ def bookkeeping_pickles() -> str | None:
     return None if "__reduce__" in vars(ServerArgs) else f"{SERVER_ARGS}.__reduce__ is gone (bookkeeping pickling)"
 
 
+def _engine_server_args(original, *args, **kwargs):
+    """`sglang.Engine(..., speculative_dspark_<knob>=V)`: the knobs as keyword arguments, kept on the record as the
+    CLI's flags are and validated by the same `prepare` (one line naming the knob)."""
+    flags = given_flags({name: kwargs.pop(name) for name in list(kwargs) if name in FLAG_DESTS})
+    record = original(*args, **kwargs)
+    if flags:
+        setattr(record, FLAGS_ATTR, flags)
+    return record
+
+
 CLI_FLAGS = Patch("dspark.cli_flags", f"{SERVER_ARGS}.add_cli_args", "staticmethod", ("parser",), _add_cli_args,
                   requires=flag_clash)
 CLI_VALUES = Patch("dspark.cli_values", f"{SERVER_ARGS}.from_cli_args", "classmethod", ("cls", "args"),
                    _from_cli_args, requires=bookkeeping_pickles)
 RESOLVE = Patch("dspark.resolve", f"{SERVER_ARGS}.resolve_once", "method", ("self",), _resolve_once,
                 requires=missing_fields)
-PATCHES = (CLI_FLAGS, CLI_VALUES, RESOLVE)
+ENGINE_ARGS = Patch("dspark.engine_args", "sglang.srt.entrypoints.engine.Engine.server_args_class", "class", None,
+                    _engine_server_args, requires=bookkeeping_pickles)
+PATCHES = (CLI_FLAGS, CLI_VALUES, RESOLVE, ENGINE_ARGS)

@@ -16,7 +16,7 @@ from typing import Any
 SCHEDULER_MODES = ("prefix", "lagged", "off")
 GEMM_MODES = ("onednn", "native")
 DRAFT_DTYPES = ("auto", "float32", "bfloat16")
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+PRESET_DIR = Path(__file__).resolve().parent / "configs"  # package data: found by wheel installs too
 DEFAULT_PRESET = "default"
 PRESET_META_KEYS = ("description",)  # allowed in preset files, not knobs
 CLI_PREFIX = "speculative_dspark_"  # --speculative-dspark-max-window -> max_window

@@ -120,6 +120,7 @@ class DSparkWorker(BaseSpecWorker):
     def prefill(self, batch, on_publish):
         refuse_unsupported(batch.reqs)
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        self.seed_first_tokens(batch, result)
         features = result.logits_output.hidden_states
         result.logits_output.hidden_states = None
         self.write_context(batch.out_cache_loc, self.extend_positions(batch), features)
@@ -132,6 +133,21 @@ class DSparkWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(batch.seq_lens)
         return result
+
+    @staticmethod
+    def seed_first_tokens(batch, result) -> None:
+        """A seeded request's prefill token is SGLang's seeded choice too (its sampler ignores sampling_seed unless
+        --enable-deterministic-inference), so one seed gives one output from the first token on."""
+        out = result.logits_output
+        for b, req in enumerate(batch.reqs):
+            params, seed = request_sampling(req), req.sampling_params.sampling_seed
+            if seed is None or params.is_greedy:
+                continue
+            logits = out.next_token_logits[b:b + 1].float().cpu()
+            token = seeded_choices(logits, params, int(seed), torch.tensor([int(batch.seq_lens[b]) - 1]))
+            result.next_token_ids[b] = token.to(result.next_token_ids.device)[0]
+            if batch.return_logprob and out.next_token_logprobs is not None:  # SGLang's: log softmax(logits / T)
+                out.next_token_logprobs[b] = torch.log_softmax(logits[0] / params.temperature, -1)[token[0]]
 
     @staticmethod
     def extend_positions(batch) -> torch.Tensor:

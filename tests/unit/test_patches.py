@@ -48,6 +48,8 @@ def fake_upstream():
         def static(x):
             return x * 2
 
+        Part = int  # a class attribute holding a class, called through instances
+
     module.add, module.Thing = add, Thing
     sys.modules[FAKE] = module
     yield module
@@ -59,6 +61,7 @@ def fake_upstream():
     ("Thing.method", "method", ("self", "x"), lambda m: m.Thing().method(5), 6),
     ("Thing.make", "classmethod", ("cls", "name"), lambda m: m.Thing.make("abc"), 4),
     ("Thing.static", "staticmethod", ("x",), lambda m: m.Thing.static(3), 7),
+    ("Thing.Part", "class", None, lambda m: m.Thing().Part(5), 6),
 ])
 def test_apply_is_idempotent_and_undo_restores_the_original(fake_upstream, target, kind, params, call, expected):
     owner, attr = (f"{FAKE}.{target}").rsplit(".", 1)
@@ -164,6 +167,20 @@ def test_flags_parse_into_overrides_that_survive_pickling(plugin_patches):
     assert pickle.loads(pickle.dumps(record))._dspark_flags == flags
     config = dspark_args._config(flags)
     assert config == load_config("tree", {"max_window": 3, "survival_threshold": 0.25, "lookup": False})
+
+
+def test_engine_keyword_knobs_ride_on_the_record_like_flags(plugin_patches):
+    """sglang.Engine(**kwargs) builds its ServerArgs through Engine.server_args_class; our knobs are taken out of
+    the keywords (ServerArgs would refuse them) and kept as the CLI's flags are."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    record = Engine.server_args_class(model_path="m", speculative_dspark_lookup=True,
+                                      speculative_dspark_preset="tree", speculative_dspark_max_window=None)
+    assert isinstance(record, ServerArgs) and record.model_path == "m"
+    assert record._dspark_flags == {"speculative_dspark_lookup": True, "speculative_dspark_preset": "tree"}
+    assert not hasattr(Engine.server_args_class(model_path="m"), dspark_args.FLAGS_ATTR)
+    with pytest.raises(TypeError, match="speculative_dspark_lookupp"):
+        Engine.server_args_class(model_path="m", speculative_dspark_lookupp=True)
 
 
 def test_no_flags_leave_no_bookkeeping(plugin_patches):
