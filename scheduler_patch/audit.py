@@ -86,11 +86,15 @@ UNSUPPORTED = (
             "not built yet); serve with --tp-size 1 or --dp-size N"),
     Refusal("R-dp-attn", "--enable-dp-attention", lambda c: bool(c.enable_dp_attention),
             "DP attention runs idle batches through the worker, which DSPARK does not support"),
+    Refusal("R-hidden", "--enable-return-hidden-states / --return-hidden-states-mode",
+            lambda c: bool(c.enable_return_hidden_states) or c.return_hidden_states_mode not in (None, "none"),
+            "the verify step's hidden states are not returned per accepted token"),
 )
 # ServerArgs fields the refusals read (checked for drift by server_args.py).
 REFUSAL_FIELDS = ("pp_size", "disaggregation_mode", "enable_unified_memory", "enable_lora", "lora_paths",
                   "speculative_use_block_verification", "dcp_size", "enable_linear_replayssm_spec",
-                  "speculative_adaptive", "tp_size", "enable_dp_attention")
+                  "speculative_adaptive", "tp_size", "enable_dp_attention",
+                  "enable_return_hidden_states", "return_hidden_states_mode")
 
 # (file under sglang/, enclosing function or "<module>") -> number of DSPARK references, as audited above.
 SITES = {

@@ -135,9 +135,7 @@ def _refuse_builtin_flags(cfg: Any) -> None:
 
 
 def _device(cfg: Any) -> str:
-    from sglang.srt.utils.common import get_device
-
-    device = (cfg.device or get_device()).split(":")[0]
+    device = (cfg.device or _host_device()).split(":")[0]
     if device not in DEFAULT_BACKENDS:
         raise StartupError(f"--device {device}: sgl-dspark's DSPARK runs on {' or '.join(DEFAULT_BACKENDS)}")
     return device
@@ -315,6 +313,26 @@ CLI_VALUES = Patch("dspark.cli_values", f"{SERVER_ARGS}.from_cli_args", "classme
                    _from_cli_args, requires=bookkeeping_pickles)
 RESOLVE = Patch("dspark.resolve", f"{SERVER_ARGS}.resolve_once", "method", ("self",), _resolve_once,
                 requires=missing_fields)
+def _builtin_where_it_runs(original, record):
+    """SGL_DSPARK_IMPL=builtin: SGLang's own DSPARK resolves the launch; refused on a CPU, where it cannot run."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    cfg = resolving_view(record)
+    fresh = not getattr(record, "_resolution_finished", False)
+    if fresh and wants_dspark(record) and (cfg.device or _host_device()).split(":")[0] == "cpu":
+        raise StartupError("SGL_DSPARK_IMPL=builtin hands DSPARK to SGLang's builtin implementation, which runs on "
+                           "CUDA/NPU/XPU only; unset SGL_DSPARK_IMPL to serve DSPARK with sgl-dspark on this CPU")
+    return original(record)
+
+
+def _host_device() -> str:
+    from sglang.srt.utils.common import get_device
+
+    return get_device()
+
+
+BUILTIN_WHERE_IT_RUNS = Patch("dspark.builtin_where_it_runs", f"{SERVER_ARGS}.resolve_once", "method", ("self",),
+                              _builtin_where_it_runs, requires=missing_fields)
 ENGINE_ARGS = Patch("dspark.engine_args", "sglang.srt.entrypoints.engine.Engine.server_args_class", "class", None,
                     _engine_server_args, requires=bookkeeping_pickles)
 PATCHES = (CLI_FLAGS, CLI_VALUES, RESOLVE, ENGINE_ARGS)

@@ -57,8 +57,14 @@ def seeded_choices(logits: torch.Tensor, params: SamplingParams, seed: int, posi
     """logits [n, V] of one request's rows at positions [n] -> [n] the token SGLang's seeded sampler draws at each
     (temperature, then top-k/top-p on the descending sort, in its column layout). min_p is refused with a seed
     (SGLang's seeded sampler has no min-p path either)."""
-    n, vocab = logits.shape
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    return seeded_from_probs(torch.softmax(logits.float() / params.temperature, dim=-1), params, seed, positions)
+
+
+def seeded_from_probs(probs: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor) -> torch.Tensor:
+    """As seeded_choices, from the temperature-scaled probabilities [n, V] (what SGLang's sampler leaves in a
+    prefill's logits tensor, in place)."""
+    n, vocab = probs.shape
+    probs = probs.float()
     seeds = torch.full((n,), seed, dtype=torch.long)
     if (params.top_k <= 0 or params.top_k >= vocab) and params.top_p >= 1.0:
         return gumbel_argmax(probs.log(), seeds, positions)

@@ -37,6 +37,7 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None  # the server's working directory (None: this process's)
 
     @property
     def base_url(self) -> str:
@@ -165,7 +166,7 @@ def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
     log_path = log_dir / f"server-{spec.port}.log"
     env = {**os.environ, **({} if has_cuda() else CPU_ENV), **spec.env}
     with log_path.open("w") as log:
-        process = subprocess.Popen(spec.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+        process = subprocess.Popen(spec.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=spec.cwd,
                                    start_new_session=True, preexec_fn=_die_with_parent)
     server = RunningServer(spec, process, log_path)
     try:

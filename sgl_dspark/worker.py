@@ -26,7 +26,7 @@ from sgl_dspark.observe import StepStats, WorkerMetrics, result_counts
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import ScheduleBatch as PlanInput
 from sgl_dspark.scheduler import StepResult
-from sgl_dspark.seeded import seeded_choices
+from sgl_dspark.seeded import seeded_choices, seeded_from_probs
 from sgl_dspark.serving import WorkerSetup, build_setup, start_cost_table
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.tree import DraftTree
@@ -137,17 +137,21 @@ class DSparkWorker(BaseSpecWorker):
     @staticmethod
     def seed_first_tokens(batch, result) -> None:
         """A seeded request's prefill token is SGLang's seeded choice too (its sampler ignores sampling_seed unless
-        --enable-deterministic-inference), so one seed gives one output from the first token on."""
+        --enable-deterministic-inference), so one seed gives one output from the first token on. SGLang's sampler
+        has already turned a sampled batch's logits into softmax(logits / T) in place; a row that is not a
+        distribution (an unsampled path) is taken as logits."""
         out = result.logits_output
         for b, req in enumerate(batch.reqs):
             params, seed = request_sampling(req), req.sampling_params.sampling_seed
             if seed is None or params.is_greedy:
                 continue
-            logits = out.next_token_logits[b:b + 1].float().cpu()
-            token = seeded_choices(logits, params, int(seed), torch.tensor([int(batch.seq_lens[b]) - 1]))
+            row = out.next_token_logits[b:b + 1].float().cpu()
+            if not (bool((row >= 0).all()) and abs(float(row.sum()) - 1.0) < 1e-3):
+                row = torch.softmax(row / params.temperature, dim=-1)
+            token = seeded_from_probs(row, params, int(seed), torch.tensor([int(batch.seq_lens[b]) - 1]))
             result.next_token_ids[b] = token.to(result.next_token_ids.device)[0]
-            if batch.return_logprob and out.next_token_logprobs is not None:  # SGLang's: log softmax(logits / T)
-                out.next_token_logprobs[b] = torch.log_softmax(logits[0] / params.temperature, -1)[token[0]]
+            if batch.return_logprob and out.next_token_logprobs is not None:  # SGLang's: log of that row
+                out.next_token_logprobs[b] = torch.log(row[0, token[0]])
 
     @staticmethod
     def extend_positions(batch) -> torch.Tensor:

@@ -143,6 +143,26 @@ def test_our_spec_takes_no_builtin_dspark_rule():
     assert ours.get_platform_worker_cls() is None and not ours.supports_overlap
 
 
+def test_the_builtin_implementation_can_have_the_name_back():
+    """SGL_DSPARK_IMPL=builtin: no DSPARK patch applies (the name, flags, launch and metrics stay SGLang's); a CPU
+    launch is refused with one line; a typo is one line too."""
+    builtin = plugin.patches_for("builtin")
+    assert plugin.patches_for("plugin") == plugin.PATCHES
+    assert not {p.name for p in builtin} & {p.name for p in (*algorithm.PATCHES, *dspark_args.PATCHES)}
+    for patch in builtin:
+        patch.check()
+    apply_all(builtin)
+    try:
+        assert SpeculativeAlgorithm.from_string("DSPARK") is SpeculativeAlgorithm.DSPARK
+        record = ServerArgs(model_path="m", speculative_algorithm="DSPARK", device="cpu")
+        with pytest.raises(StartupError, match="SGL_DSPARK_IMPL=builtin .* runs on CUDA/NPU/XPU only"):
+            record.resolve_once()
+    finally:
+        undo_all(builtin)
+    with pytest.raises(SystemExit, match="SGL_DSPARK_IMPL='buitin'"):
+        plugin.patches_for("buitin")
+
+
 def test_startup_error_prints_one_line_and_other_errors_go_to_the_previous_hook(capsys):
     seen = []
     errors._excepthook(lambda *a: seen.append(a), StartupError, StartupError("knob x:\n bad"), None)
@@ -265,6 +285,9 @@ def test_our_handle_server_args_redeclares_through_sglangs_recorder(target, draf
     ("fits", {"speculative_dspark_max_window": 9}, {}, "max_window 9 / min_window 1 exceed the drafter's gamma 4"),
     ("fits", None, {"pp_size": 2}, "--pp-size > 1 is not supported"),
     ("fits", None, {"enable_lora": True}, "--enable-lora / --lora-paths is not supported"),
+    ("fits", None, {"tp_size": 2}, "--tp-size > 1 is not supported"),
+    ("fits", None, {"enable_dp_attention": True}, "--enable-dp-attention is not supported"),
+    ("fits", None, {"enable_return_hidden_states": True}, "--enable-return-hidden-states / --return-hidden-states"),
     ("fits", None, {"attention_backend": "torch_native"}, "--attention-backend torch_native: DSPARK on CPU"),
     ("fits", None, {"speculative_num_draft_tokens": 3}, "--speculative-num-draft-tokens 3 conflicts"),
     ("fits", None, {"speculative_dspark_sps_table_path": "t.json"}, "--speculative-dspark-sps-table-path belongs to"),
