@@ -69,3 +69,20 @@ bench: bench-install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# GPU verification of the FlashInfer verify path (README "GPU verification (FlashInfer)"). `make gpu-pack` runs here,
+# where pip reaches the index: a trimmed FlashInfer and wheels it imports into $(GPU_PACK)/ (git-ignored; carry it).
+# `make gpu-check` runs on the GPU machine, offline, from the repository root: tests/gpu and a report ($OUT or stdout).
+GPU_PACK := .gpu-pack
+GPU_CHECK_BUDGET ?= 560
+FLASHINFER_PIN := flashinfer-python==$(patsubst 'flashinfer_python[cu13]==%',%,$(filter 'flashinfer_python[cu13]==%,$(GPU_DEPS)))
+TVM_FFI_PIN := $(filter apache-tvm-ffi==%,$(SGLANG_DEPS))
+
+.PHONY: gpu-pack gpu-check
+
+gpu-pack: install
+	$(PY) tests/gpu/pack.py --flashinfer $(FLASHINFER_PIN) --tvm-ffi $(TVM_FFI_PIN) --out $(GPU_PACK)
+	$(PY) tests/gpu/check.py --pack $(GPU_PACK) --dry-run
+
+gpu-check:
+	$(PYTHON) tests/gpu/check.py --pack $(GPU_PACK) --budget $(GPU_CHECK_BUDGET)

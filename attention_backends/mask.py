@@ -1,7 +1,8 @@
 """Verification masks: which keys each verify row may see, as one dense bool matrix per request.
 
-Owns the translation from SGLang's flattened `spec_info.custom_mask` layouts to dense masks and back to the
-flat layout FlashInfer consumes. Pure functions of tensors and ints: no SGLang imports, no globals.
+Owns the translation from SGLang's flattened `spec_info.custom_mask` layouts to dense masks and to the flat
+layout FlashInfer consumes. Pure functions of tensors and ints: no SGLang imports, no globals; nothing here reads a
+tensor back to the host.
 
 Row i of a request's mask is verify row (draft node) i; its columns are the request's keys in cache order:
 the cached prefix (`prefix_len` slots of `req_to_token`), then the `n_draft` verify rows themselves.
@@ -50,11 +51,7 @@ def layout_numel(layout: MaskLayout, prefix_lens: Sequence[int], n_draft: int) -
 def dense_verify_masks(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int,
                        layout: MaskLayout) -> list[torch.Tensor]:
     """custom_mask [>= layout_numel] -> one bool [n_draft, prefix_lens[b] + n_draft] per request."""
-    need = layout_numel(layout, prefix_lens, n_draft)
-    flat = custom_mask.reshape(-1)
-    if flat.numel() < need:
-        raise ValueError(f"custom_mask has {flat.numel()} elements; layout {layout.value} with prefix lengths "
-                         f"{list(prefix_lens)} and {n_draft} draft tokens needs {need}")
+    flat = _flat(custom_mask, prefix_lens, n_draft, layout)
     masks, start = [], 0
     for prefix_len in prefix_lens:
         width = n_draft if layout is MaskLayout.DRAFT_ONLY else prefix_len + n_draft
@@ -69,3 +66,22 @@ def flatten_masks(masks: Sequence[torch.Tensor]) -> torch.Tensor:
     if not masks:
         return torch.zeros(0, dtype=torch.bool)
     return torch.cat([m.reshape(-1).to(torch.bool) for m in masks])
+
+
+def full_layout(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int,
+                layout: MaskLayout) -> torch.Tensor:
+    """custom_mask [>= layout_numel] -> bool [layout_numel(FULL, ...)], on custom_mask's device: the FULL layout,
+    which is FlashInfer's (a view of the buffer when it is already FULL and bool; CUDA-graph padding dropped)."""
+    if layout is MaskLayout.DRAFT_ONLY:
+        return flatten_masks(dense_verify_masks(custom_mask, prefix_lens, n_draft, layout))
+    return _flat(custom_mask, prefix_lens, n_draft, layout)[:layout_numel(layout, prefix_lens, n_draft)].to(torch.bool)
+
+
+def _flat(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int, layout: MaskLayout) -> torch.Tensor:
+    """custom_mask as one flat tensor, after checking it holds what the batch reads."""
+    need = layout_numel(layout, prefix_lens, n_draft)
+    flat = custom_mask.reshape(-1)
+    if flat.numel() < need:
+        raise ValueError(f"custom_mask has {flat.numel()} elements; layout {layout.value} with prefix lengths "
+                         f"{list(prefix_lens)} and {n_draft} draft tokens needs {need}")
+    return flat

@@ -8,13 +8,16 @@ import torch
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    scale: float) -> torch.Tensor:
+                    scale: float, logits_soft_cap: float = 0.0) -> torch.Tensor:
     """q [q_len, q_heads, dim], k [kv_len, kv_heads, dim], v [kv_len, kv_heads, v_dim], mask bool [q_len, kv_len]
-    -> [q_len, q_heads, v_dim] in q's dtype. q_heads must be a multiple of kv_heads."""
+    -> [q_len, q_heads, v_dim] in q's dtype. q_heads must be a multiple of kv_heads. logits_soft_cap > 0 caps the
+    scaled logits to cap * tanh(logits / cap) (Gemma-2)."""
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    if logits_soft_cap > 0:
+        scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
     scores = scores.masked_fill(~mask.to(device=scores.device, dtype=torch.bool), float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
 

@@ -15,8 +15,22 @@ from torch.nn.functional import scaled_dot_product_attention
 from attention_backends.mask import flatten_masks
 
 
+class PageTableLengths:
+    """Query rows and keys per request of a record holding FlashInfer's page table (qo_indptr, kv_indptr,
+    kv_last_page_len, page_size). Example: kv_indptr [0, 2, 3], kv_last_page_len [1, 2], page_size 3 -> kv_lens
+    [4, 2]."""
+
+    @cached_property
+    def q_lens(self) -> list[int]:
+        return self.qo_indptr.diff().tolist()
+
+    @cached_property
+    def kv_lens(self) -> list[int]:
+        return ((self.kv_indptr.diff() - 1) * self.page_size + self.kv_last_page_len).tolist()
+
+
 @dataclass(frozen=True)
-class PagedTreeBatch:
+class PagedTreeBatch(PageTableLengths):
     """Query rows and paged keys of a batch of requests, with the mask each request's rows attend under.
 
     The page table is FlashInfer's paged-prefill layout; page_size 1 makes pages SGLang's token slots.
@@ -42,15 +56,6 @@ class PagedTreeBatch:
     def batch_size(self) -> int:
         return self.qo_indptr.shape[0] - 1
 
-    @cached_property
-    def q_lens(self) -> list[int]:
-        return self.qo_indptr.diff().tolist()
-
-    @cached_property
-    def kv_lens(self) -> list[int]:
-        pages = self.kv_indptr.diff()
-        return ((pages - 1) * self.page_size + self.kv_last_page_len).tolist()
-
     @property
     def flat_mask(self) -> torch.Tensor:
         """bool [sum(q_len_b * kv_len_b)]: the masks in FlashInfer's custom-mask layout."""
@@ -74,15 +79,15 @@ class PagedTreeBatch:
         q_lens = torch.tensor([m.shape[0] for m in masks], dtype=torch.int32, device=device)
         kv_lens = torch.tensor([s.numel() for s in slots], dtype=torch.int32, device=device)
         return PagedTreeBatch(
-            qo_indptr=_indptr(q_lens), kv_indptr=_indptr(kv_lens),
+            qo_indptr=exclusive_cumsum(q_lens), kv_indptr=exclusive_cumsum(kv_lens),
             kv_indices=torch.cat(list(slots)).to(torch.int32) if slots else torch.zeros(0, dtype=torch.int32),
             kv_last_page_len=torch.ones_like(kv_lens), masks=tuple(masks), page_size=1,
         )  # fmt: skip
 
 
-def _indptr(lens: torch.Tensor) -> torch.Tensor:
-    """lens [batch] -> [batch + 1] int32 exclusive prefix sums."""
-    out = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
+def exclusive_cumsum(lens: torch.Tensor) -> torch.Tensor:
+    """lens [n] -> [n + 1] in lens' dtype and device: 0, then the running sums. Example: [2, 3] -> [0, 2, 5]."""
+    out = torch.zeros(lens.shape[0] + 1, dtype=lens.dtype, device=lens.device)
     out[1:] = lens.cumsum(0)
     return out
 

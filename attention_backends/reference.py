@@ -89,3 +89,5 @@ def check_verify_layer(layer: RadixAttention) -> None:
         raise NotImplementedError("dspark_torch: TARGET_VERIFY supports causal self-attention layers only")
     if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
         raise NotImplementedError("dspark_torch: TARGET_VERIFY does not support sliding-window layers")
+    if layer.logit_cap and layer.logit_cap > 0:
+        raise NotImplementedError("dspark_torch: TARGET_VERIFY does not support logit soft-capping")

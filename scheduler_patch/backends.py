@@ -8,6 +8,8 @@ drift fails loudly at plugin load. Backend modules are imported only when SGLang
 import importlib
 from collections.abc import Callable
 
+from scheduler_patch.errors import StartupError
+
 TORCH_BACKEND = "dspark_torch"
 FLASHINFER_BACKEND = "dspark_flashinfer"
 
@@ -22,9 +24,14 @@ def create_torch_backend(runner):
 
 
 def create_flashinfer_backend(runner):
+    """The FlashInfer tree-verify backend, or a StartupError (one line) for a model or server it cannot serve."""
     from attention_backends.flashinfer_backend import FlashInferTreeAttnBackend
+    from attention_backends.layers import VerifyRefusal
 
-    return FlashInferTreeAttnBackend(runner)
+    try:
+        return FlashInferTreeAttnBackend(runner)
+    except VerifyRefusal as e:
+        raise StartupError(str(e)) from e
 
 
 FACTORIES: dict[str, Callable] = {TORCH_BACKEND: create_torch_backend, FLASHINFER_BACKEND: create_flashinfer_backend}

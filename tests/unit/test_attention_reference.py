@@ -138,6 +138,17 @@ def test_oracle_chain_row_equals_plain_causal_attention():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_oracle_soft_cap_bounds_the_logits():
+    # one query, two keys with logits 3 and -3 (scale 1): a cap of 1 makes them tanh(3) and tanh(-3)
+    q = torch.tensor([[[1.0]]])
+    k = torch.tensor([[[3.0]], [[-3.0]]])
+    v = torch.tensor([[[1.0]], [[0.0]]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    capped = torch.tensor([3.0, -3.0]).tanh().softmax(0)[0]
+    assert dense_attention(q, k, v, mask, 1.0, logits_soft_cap=1.0).item() == pytest.approx(capped.item())
+    assert dense_attention(q, k, v, mask, 1.0).item() == pytest.approx(torch.tensor([3.0, -3.0]).softmax(0)[0].item())
+
+
 # --- the dspark_torch SGLang backend ----------------------------------------------------------------------
 
 
@@ -239,6 +250,15 @@ def test_backend_chain_verify_equals_torch_native_extend():
     assert backend.verify is None
     want = backend.forward(q, k, v, layer, extend)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_backend_refuses_soft_capped_layers():
+    from attention_backends.reference import check_verify_layer
+
+    layer = make_layer(2, 2, 8, 0.3)
+    layer.logit_cap = 30.0
+    with pytest.raises(NotImplementedError, match="soft-capping"):
+        check_verify_layer(layer)
 
 
 def test_sglang_mask_layout_is_one_of_ours():
