@@ -65,15 +65,36 @@ RANDOM_INIT_CURVE = [(m, round(m * 60 / 1.09), t) for m, t in
                      ((0.0, 1.027), (3.0, 1.15), (6.0, 1.23), (12.0, 1.28), (18.0, 1.34), (23.0, 1.34))]
 
 
+def placeholders(spec: dict) -> dict[str, str]:
+    """The run's machine-specific paths -> the placeholders a model card writes instead (longest first)."""
+    names = {"target": "TARGET", "data": "DATA", "out": "RUN"}
+    found = {str(spec[k]): v for k, v in names.items() if spec.get(k)}
+    return dict(sorted(found.items(), key=lambda kv: -len(kv[0])))
+
+
+def redact(text: str, mapping: dict[str, str]) -> str:
+    """Replace each machine path by its placeholder. Example: ("--data /x/d --out /x/r", {"/x/d": "DATA"}) ->
+    "--data DATA --out /x/r"."""
+    for path, name in mapping.items():
+        text = text.replace(path, name)
+    return text
+
+
 def card(run: Path, data_manifest: dict, curve: list[dict], size_mb: float, command: str, notes: str) -> str:
     spec = json.loads((run / "run.json").read_text())
+    return redact(_card(run, spec, data_manifest, curve, size_mb, command, notes), placeholders(spec))
+
+
+def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb: float, command: str,
+          notes: str) -> str:
     last = curve[-1]
     lines = [
-        "# DSpark drafter for SmolLM2-135M-Instruct (trained on CPU)",
+        f"# DSpark drafter for {Path(str(spec.get('target', 'the target'))).name} (trained on CPU)",
         "",
-        "A DSpark drafter (published DeepSpec format: `config.json` + `model.safetensors`) for the default model of",
-        "sgl-dspark. `make demo` and `python -m sgl_dspark.demo` use it; serve it with",
-        "`--speculative-algorithm DSPARK --speculative-draft-model-path sgl_dspark/drafters/smollm2-135m-instruct`.",
+        "A DSpark drafter (published DeepSpec format: `config.json` + `model.safetensors`). Paths in the commands",
+        "below are placeholders: TARGET (the target model folder), DATA (the data folder), RUN (the training run",
+        "folder), DRAFTER (this folder). Serve it with",
+        "`--speculative-algorithm DSPARK --speculative-draft-model-path DRAFTER`.",
         "",
         "## Shape",
         f"Preset `{spec['preset']}`: draft layers copied from the target's top layers, features of target layers",

@@ -14,19 +14,21 @@ def test_export_casts_weights_and_writes_the_card(tmp_path):
     run, data, out = tmp_path / "run", tmp_path / "data", tmp_path / "out"
     save_drafter(drafter, run / "checkpoint")
     (run / "checkpoint" / "calibration.json").write_text('{"temperatures": [1.0, 2.0]}\n')
-    (run / "run.json").write_text(json.dumps({"preset": "tiny", "minutes": 1.0}))
+    (run / "run.json").write_text(json.dumps({"preset": "tiny", "minutes": 1.0, "target": "/home/me/models/Tiny",
+                                              "data": str(data), "out": str(run)}))
     rows = [{"step": 0, "minutes": 0.0, "tau": 1.0, "cond_accept": [0.0, 0.0]},
             {"step": 9, "minutes": 1.0, "tau": 1.5, "cond_accept": [0.4, 0.2]},
             {"step": 9, "minutes": 1.0, "tau": 1.5, "cond_accept": [0.4, 0.2]}]  # the final eval repeats
     (run / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data.mkdir()
-    (data / "manifest.json").write_text('{"records": 3}')
-    export(run, data, out, torch.bfloat16, "python -m sgl_dspark.train --minutes 1")
+    (data / "manifest.json").write_text(json.dumps({"records": 3, "target": "/home/me/models/Tiny"}))
+    export(run, data, out, torch.bfloat16, f"python -m sgl_dspark.train --data {data} --out {run} --minutes 1")
     assert len(read_curve(run)) == 2
     loaded = load_drafter(out, spec)
     for name, p in drafter.state_dict().items():
         if p.is_floating_point():
             torch.testing.assert_close(loaded.state_dict()[name], p.to(torch.bfloat16).float())
     card = (out / "README.md").read_text()
-    assert "python -m sgl_dspark.train --minutes 1" in card and "| 1.0 | 9 | 1.500 |" in card
+    assert "python -m sgl_dspark.train --data DATA --out RUN --minutes 1" in card and "| 1.0 | 9 | 1.500 |" in card
+    assert str(tmp_path) not in card and "/home/me" not in card and "# DSpark drafter for Tiny" in card
     assert (out / "calibration.json").is_file() and (out / "curve.png").stat().st_size > 0
