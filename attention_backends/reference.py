@@ -7,6 +7,7 @@ Must not change how other forward modes run; DRAFT_EXTEND_V2 (EAGLE's draft mode
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,7 @@ from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_m
 
 from attention_backends.mask import MaskLayout, dense_verify_masks
 from attention_backends.paged import PagedTreeBatch, paged_tree_attention
+from attention_backends.window import layer_window, windowed_masks
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -59,10 +61,11 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         self.mask_layout = mask_layout if mask_layout is not None else sglang_mask_layout()
         self.verify: PagedTreeBatch | None = None
+        self.windowed: dict[int, PagedTreeBatch] = {}  # this forward's verify batch per sliding window
 
     def init_forward_metadata(self, forward_batch: ForwardBatch):
         super().init_forward_metadata(forward_batch)
-        self.verify = None
+        self.verify, self.windowed = None, {}
         if forward_batch.forward_mode.is_target_verify():
             self.verify = verify_batch(forward_batch, self.req_to_token_pool.req_to_token, self.mask_layout)
 
@@ -78,16 +81,24 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.verify, layer.scaling, out=o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            self.verify_for(layer), layer.scaling, out=o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
         )  # fmt: skip
         return o
+
+    def verify_for(self, layer: RadixAttention) -> PagedTreeBatch:
+        """The verify batch, its masks narrowed to the layer's sliding window (built once per window and forward)."""
+        window = layer_window(layer.sliding_window_size)
+        if window is None:
+            return self.verify
+        if window not in self.windowed:
+            prefix_lens = [kv - q for kv, q in zip(self.verify.kv_lens, self.verify.q_lens)]
+            self.windowed[window] = replace(self.verify, masks=windowed_masks(self.verify.masks, prefix_lens, window))
+        return self.windowed[window]
 
 
 def check_verify_layer(layer: RadixAttention) -> None:
     """Tree verification is self-attention over the full cache; refuse what it would silently get wrong."""
     if layer.is_cross_attention or layer.attn_type == AttentionType.ENCODER_ONLY:
         raise NotImplementedError("dspark_torch: TARGET_VERIFY supports causal self-attention layers only")
-    if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
-        raise NotImplementedError("dspark_torch: TARGET_VERIFY does not support sliding-window layers")
     if layer.logit_cap and layer.logit_cap > 0:
         raise NotImplementedError("dspark_torch: TARGET_VERIFY does not support logit soft-capping")

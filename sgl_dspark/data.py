@@ -104,14 +104,18 @@ def stdlib_files() -> Iterator[Path]:
 
 
 def stdlib_records(tokenizer, budget: int, chunk: int, seed: int) -> list[Record]:
-    """Raw standard-library source cut into `chunk`-token records until `budget` tokens (files in random order)."""
+    """Raw standard-library source cut into `chunk`-token records until `budget` tokens (files in random order).
+
+    Each record starts with what the tokenizer puts before any text (Gemma's BOS, nothing for SmolLM2): a model
+    trained with a BOS sink computes unlike itself without one."""
     files = list(stdlib_files())
     random.Random(seed).shuffle(files)
     out, total = [], 0
+    head = tokenizer("")["input_ids"]
     for path in files:
         ids = tokenizer(path.read_text(errors="replace"), add_special_tokens=False)["input_ids"]
         for start in range(0, len(ids) - 32, chunk):
-            out.append(Record("stdlib", ids[start:start + chunk], 0))
+            out.append(Record("stdlib", head + ids[start:start + chunk], 0))
             total += len(out[-1].ids)
             if total >= budget:
                 return out

@@ -111,12 +111,34 @@ def capture_target_features(model, layer_ids: tuple[int, ...], num_layers: int) 
     if hasattr(model, "set_dspark_layers_to_capture"):
         model.set_dspark_layers_to_capture(list(layer_ids))
         return
+    if type(model).__name__ == "Gemma3ForCausalLM":
+        capture_gemma3_residual_stream(model, layer_ids)
+        return
     if not hasattr(model, "set_dflash_layers_to_capture"):
         raise ValueError(f"target model {type(model).__name__} has no SGLang hidden-state capture for DSpark")
     if max(layer_ids) >= num_layers - 1:  # the DFlash hook captures layer i's output as layer i+1's input
         raise ValueError(f"drafter target_layer_ids {list(layer_ids)}: {type(model).__name__} captures layer "
                          f"outputs only below its last layer ({num_layers - 1})")
     model.set_dflash_layers_to_capture(list(layer_ids))
+
+
+def capture_gemma3_residual_stream(model, layer_ids: tuple[int, ...]) -> None:
+    """Gemma-3 has only the EAGLE-3 hook, which captures a layer's input as SGLang's Gemma-3 passes it: the MLP
+    delta of the layer before, with the residual stream carried apart. Each captured layer is made to hand on
+    (delta + residual, 0) instead: the next layer's fused add then sees the same sum (x + 0 is exact, so outputs do
+    not change) and the hook captures the residual stream, as the drafter was trained on."""
+    for i in layer_ids:
+        layer = model.model.layers[i]
+        if getattr(layer, "_dspark_sums_residual", False):
+            continue
+        inner = layer.forward
+
+        def summed(*args, _inner=inner, **kwargs):
+            hidden, residual = _inner(*args, **kwargs)
+            return hidden + residual, torch.zeros_like(residual)
+
+        layer.forward, layer._dspark_sums_residual = summed, True
+    model.set_eagle3_layers_to_capture(list(layer_ids))
 
 
 def use_packed_gemm(model) -> None:

@@ -3,7 +3,9 @@
 Owns the shape presets, the draft vocabulary (most frequent tokens of the training data) and the copy-init:
 draft layer i = target layer N-L+i; `fc` selects the feature of layer N-L-1 (the input of the first copied layer)
 and `hidden_norm` = that layer's input norm, so the first draft layer's context keys/values start as what the
-target computes (up to the draft q/k norms, set to the measured mean head RMS). Must not train.
+target computes (up to the draft q/k norms, set to the measured mean head RMS). Gemma-style layers (norms scaling
+by 1 + weight, q/k norms, post-attention/-MLP norms, GeGLU) are mapped onto the draft layer as closely as it allows
+(`copy_gemma_layer`). Must not train.
 """
 
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ class Shape:
 PRESETS = {
     "small": Shape(num_layers=2, gamma=7, markov_rank=128, draft_vocab_size=8192),
     "tiny": Shape(num_layers=1, gamma=7, markov_rank=64, draft_vocab_size=4096),
+    # for large target vocabularies: the Markov W1 is a [V, r] table (262k x 16 = 8 MB in bf16 for Gemma-3)
+    "compact": Shape(num_layers=2, gamma=7, markov_rank=16, draft_vocab_size=8192),
 }
 
 
@@ -80,6 +84,9 @@ def copy_top_layers(drafter: DSparkDrafter, target: FrozenTarget, sample_ids: li
     dtype = drafter.fc.weight.dtype
     for i, draft in enumerate(drafter.layers):
         src = target.layer(n - layers + i)
+        if hasattr(src, "pre_feedforward_layernorm"):
+            copy_gemma_layer(draft, src, sample_ids, target)
+            continue
         for name in ("input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                      "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"):
             draft.get_submodule(name).load_state_dict(
@@ -88,9 +95,55 @@ def copy_top_layers(drafter: DSparkDrafter, target: FrozenTarget, sample_ids: li
         d = drafter.config.head_dim
         draft.self_attn.q_norm.weight.fill_(head_rms(src.self_attn.q_proj, x, d))
         draft.self_attn.k_norm.weight.fill_(head_rms(src.self_attn.k_proj, x, d))
-    drafter.norm.weight.copy_(target.final_norm.weight.to(dtype))
+    drafter.norm.weight.copy_(norm_scale(target.final_norm).to(dtype))
     h = drafter.config.hidden_size
     drafter.fc.weight.zero_()
     last = len(drafter.config.target_layer_ids) - 1  # the feature entering the first copied layer
     drafter.fc.weight[:, last * h:(last + 1) * h] = torch.eye(h, dtype=dtype)
-    drafter.hidden_norm.weight.copy_(target.layer(n - layers).input_layernorm.weight.to(dtype))
+    drafter.hidden_norm.weight.copy_(norm_scale(target.layer(n - layers).input_layernorm).to(dtype))
+
+
+def norm_scale(norm: torch.nn.Module) -> torch.Tensor:
+    """What an RMSNorm multiplies the normalised input by: weight, or 1 + weight for Gemma's norms."""
+    return norm.weight + 1.0 if type(norm).__name__.startswith("Gemma") else norm.weight
+
+
+# GELU-tanh(x) ~ x * sigmoid(1.702 x) = silu(1.702 x) / 1.702: the draft SwiGLU approximates Gemma's GeGLU.
+GELU_SILU = 1.702
+
+
+@torch.no_grad()
+def copy_gemma_layer(draft: torch.nn.Module, src: torch.nn.Module, sample_ids: list[int], target: FrozenTarget) -> None:
+    """A Gemma decoder layer -> a pre-norm draft layer: norms as their 1 + weight scales, q/k norms exactly, GeGLU
+    as a scaled SwiGLU, and the post-attention/-MLP norms folded into o_proj/down_proj as per-channel scales over
+    the output RMS measured on `sample_ids` (a norm of the output is a scale when that RMS is steady)."""
+    rms = output_rms(target, src, sample_ids)
+    dtype = draft.mlp.down_proj.weight.dtype
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj"):
+        draft.get_submodule(name).weight.copy_(src.get_submodule(name).weight.to(dtype))
+    draft.mlp.gate_proj.weight.copy_((src.mlp.gate_proj.weight * GELU_SILU).to(dtype))
+    post_attn = norm_scale(src.post_attention_layernorm) / rms["attn"]
+    post_mlp = norm_scale(src.post_feedforward_layernorm) / (rms["mlp"] * GELU_SILU)
+    draft.self_attn.o_proj.weight.copy_((src.self_attn.o_proj.weight * post_attn[:, None]).to(dtype))
+    draft.mlp.down_proj.weight.copy_((src.mlp.down_proj.weight * post_mlp[:, None]).to(dtype))
+    draft.input_layernorm.weight.copy_(norm_scale(src.input_layernorm).to(dtype))
+    draft.post_attention_layernorm.weight.copy_(norm_scale(src.pre_feedforward_layernorm).to(dtype))
+    draft.self_attn.q_norm.weight.copy_(norm_scale(src.self_attn.q_norm).to(dtype))
+    draft.self_attn.k_norm.weight.copy_(norm_scale(src.self_attn.k_norm).to(dtype))
+
+
+def output_rms(target: FrozenTarget, layer: torch.nn.Module, sample_ids: list[int]) -> dict[str, float]:
+    """Mean RMS of the layer's attention output (o_proj) and MLP output (down_proj) over one target pass."""
+    seen: dict[str, float] = {}
+
+    def hook(key):
+        return lambda module, args, out: seen.__setitem__(key, float(out.float().pow(2).mean(-1).sqrt().mean()))
+
+    handles = [layer.self_attn.o_proj.register_forward_hook(hook("attn")),
+               layer.mlp.down_proj.register_forward_hook(hook("mlp"))]
+    try:
+        target.run(sample_ids, (0,))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
