@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sgl_dspark.draft_worker.client import CAUSES
+
 logger = logging.getLogger("sgl_dspark")
 
 # Prometheus bucket edges for per-request lengths (draft tokens verified; tokens accepted, bonus included).
@@ -137,6 +139,8 @@ class Series:
         self.draft_failures = Counter(
             "sglang:dspark_draft_worker_failures", "DSPARK steps that found the draft worker unavailable, by cause",
             (*names, "cause"), registry=registry)
+        for cause in CAUSES:  # every cause on /metrics from the start, at 0
+            self.draft_failures.labels(**labels, cause=cause)
 
         def gauge(name: str, doc: str):  # the scheduler's latest value (multiprocess: the most recent write wins)
             return Gauge(name, doc, names, multiprocess_mode="mostrecent", registry=registry).labels(**labels)

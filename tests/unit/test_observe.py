@@ -173,6 +173,7 @@ def test_series_record_lengths_and_failures():
     assert value("sglang:dspark_verify_length_bucket", le="0.0") == 1
     assert value("sglang:dspark_accept_length_sum") == 7 and value("sglang:dspark_accept_length_bucket", le="1.0") == 2
     assert value("sglang:dspark_draft_worker_failures_total", cause="unknown") == 1
+    assert value("sglang:dspark_draft_worker_failures_total", cause="dead") == 0  # every cause listed from the start
 
 
 def test_series_exist_only_with_enable_metrics():
