@@ -65,8 +65,7 @@ def generate(base_url: str, text: str, **sampling) -> dict:
 # --- shared by the DSPARK losslessness and API tests (tests/integration/test_dspark_{lossless,apis}.py) ---------
 
 GREEDY_128 = {"temperature": 0, "max_new_tokens": 128, "ignore_eos": True}
-# Sampled by test_dspark_lossless; its greedy continuation also seeds the bigram drafter (so DSPARK's drafts are
-# often right there and the sampling test exercises acceptance and the residual draw, not only rejections).
+# Its greedy continuation seeds the bigram drafter (its first transitions override the counted ones).
 SAMPLING_PROMPT = "Pick a random number between 1 and 100:"
 
 
@@ -182,3 +181,48 @@ def save_bigram_drafter(target_dir: str, out_dir: str, sequences: list[list[int]
                 w1[prev, 0] = 1.0
     save_drafter(drafter, out_dir)
     return out_dir
+
+
+# --- shared by the sampling tests (tests/integration/test_dspark_sampling.py) ---------------------------------
+
+def draw(server, prompt: str, samples: int, sampling: dict, concurrency: int = 8) -> list[dict]:
+    """`samples` sampled replies to the same prompt (radix-cached after the first), `concurrency` in flight."""
+    replies = generate_all(server.base_url, [prompt] * samples, concurrency, **sampling)
+    assert all(r["meta_info"]["completion_tokens"] == sampling["max_new_tokens"] for r in replies)
+    return replies
+
+
+def after_first(replies: list[dict]) -> list[tuple[int, ...]]:
+    """The tokens after the first of each reply (the first comes from prefill, the rest from verification)."""
+    return [tuple(r["output_ids"][1:]) for r in replies]
+
+
+MIN_CELL = 10  # a category seen fewer times (both samples together) is merged into its prefix's
+
+
+def categories(samples: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """Each distinct sample -> its category: itself if seen at least MIN_CELL times, else its longest prefix seen
+    that often once the frequent longer ones are set aside; () pools what is left.
+
+    Example (MIN_CELL 10): samples (1, 2) x 12, (1, 3) x 6, (1, 4) x 5, (2, 5) x 3 -> categories
+    (1, 2) -> (1, 2); (1, 3), (1, 4) -> (1,); (2, 5) -> ()."""
+    out: dict[tuple[int, ...], tuple[int, ...]] = {}
+    pending = {k: (n, [k]) for k, n in Counter(samples).items()}  # category candidate -> (count, samples in it)
+    while pending:
+        shorter: dict[tuple[int, ...], tuple[int, list]] = {}
+        for k, (n, members) in pending.items():
+            if n >= MIN_CELL or not k:
+                out.update((m, k) for m in members)
+            else:
+                total, merged = shorter.get(k[:-1], (0, []))
+                shorter[k[:-1]] = (total + n, merged + members)
+        pending = shorter
+    return out
+
+
+def contingency(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> list[list[int]]:
+    """2 x K counts of a's and b's samples over their joint `categories`."""
+    category = categories(a + b)
+    ca, cb = Counter(category[s] for s in a), Counter(category[s] for s in b)
+    keys = sorted(set(ca) | set(cb))
+    return [[c[k] for k in keys] for c in (ca, cb)]
