@@ -120,7 +120,8 @@ def verify(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams,
     return verify_sampling(tree, target_probs(target_logits, params), generator)
 
 
-def verify_batch(inputs: Sequence[VerifyInput], generator: "Draws | torch.Generator | None" = None) -> list[VerifyResult]:
+def verify_batch(inputs: Sequence[VerifyInput],
+                 generator: "Draws | torch.Generator | None" = None) -> list[VerifyResult]:
     """Verify every request of a step, in order, drawing from one generator."""
     return [verify(x.tree, x.target_logits, x.params, generator, x.choices) for x in inputs]
 

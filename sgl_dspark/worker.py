@@ -178,7 +178,7 @@ class DSparkWorker(BaseSpecWorker):
         if batch.return_logprob:
             self.logprobs(batch, out.logits_output, accepted, step.rows.width)
         new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
-        if self.setup.config.draft_ahead and self.setup.config.drafts:  # as early as possible: it overlaps the rest of the step
+        if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
             self.draft_ahead(batch, new_seq_lens, accepted)
         self.learn_lookup(batch, step, results)
         if self.tracer is not None:
