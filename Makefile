@@ -41,7 +41,7 @@ endif
 	touch $@
 
 demo: install
-	$(PY) -m sgl_dspark.demo $(DEMO_ARGS)
+	$(PY) -m sgl_dspark.tools.demo $(DEMO_ARGS)
 
 test: install
 	$(PY) -m pytest -q tests

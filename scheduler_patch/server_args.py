@@ -10,15 +10,14 @@ Must not load weights or create workers.
 
 import argparse
 import dataclasses
-import json
 import logging
 import typing
 from pathlib import Path
 from typing import Any
 
 from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag, config_from_flags
-from sgl_dspark.drafter.checkpoint import CONFIG_FILE
-from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target, parse_drafter_config
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config
+from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target
 
 from scheduler_patch.algorithm import NAME
 from scheduler_patch.audit import REFUSAL_FIELDS, UNSUPPORTED
@@ -169,7 +168,7 @@ def _target(cfg: Any) -> TargetSpec:
 
 def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
     try:
-        drafter = parse_drafter_config(json.loads((root / CONFIG_FILE).read_text()))
+        drafter = read_drafter_config(root)
     except (ValueError, TypeError, KeyError) as e:
         raise StartupError(f"--speculative-draft-model-path {root}: {CONFIG_FILE}: {e}") from e
     try:

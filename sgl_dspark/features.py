@@ -26,8 +26,8 @@ def _refused(why: str, off: Any = None) -> Feature:
     return Feature(REFUSED, why, off)
 
 
-_PENALTY = "applied by SGLang to each sampled row; the verifier does not apply it to verify rows yet"
-_GRAMMAR = "grammar masks per verify row are not built yet"
+_PENALTY = "applied to each verify row with the counts of the output plus the draft path (sgl_dspark.constraints)"
+_GRAMMAR = "each verify row masked by the grammar's state after its draft path (sgl_dspark.constraints)"
 
 SAMPLING_FIELDS: dict[str, Feature] = {
     "max_new_tokens": Feature(SERVED, "SGLang trims the accepted tokens at the limit"),
@@ -42,25 +42,25 @@ SAMPLING_FIELDS: dict[str, Feature] = {
     "top_p": Feature(SERVED, "the verifier's target distribution"),
     "top_k": Feature(SERVED, "the verifier's target distribution"),
     "min_p": Feature(SERVED, "the verifier's target distribution"),
-    "frequency_penalty": _refused(_PENALTY, 0.0),
-    "presence_penalty": _refused(_PENALTY, 0.0),
-    "repetition_penalty": _refused(_PENALTY, 1.0),
-    "min_new_tokens": _refused("the EOS mask per verify row position is not built yet", 0),
+    "frequency_penalty": Feature(SERVED, _PENALTY),
+    "presence_penalty": Feature(SERVED, _PENALTY),
+    "repetition_penalty": Feature(SERVED, _PENALTY),
+    "min_new_tokens": Feature(SERVED, "stop tokens masked on the verify rows whose output is still shorter"),
     "n": Feature(SERVED, "SGLang runs n separate requests"),
     "beam_width": _refused("beam search is not speculative decoding", None),
-    "json_schema": _refused(_GRAMMAR),
-    "regex": _refused(_GRAMMAR),
-    "ebnf": _refused(_GRAMMAR),
-    "structural_tag": _refused(_GRAMMAR),
-    "ebnf_full_assistant": Feature(INERT, "only with ebnf (refused)"),
+    "json_schema": Feature(SERVED, _GRAMMAR),
+    "regex": Feature(SERVED, _GRAMMAR),
+    "ebnf": Feature(SERVED, _GRAMMAR),
+    "structural_tag": Feature(SERVED, _GRAMMAR),
+    "ebnf_full_assistant": Feature(SERVED, "part of the ebnf grammar"),
     "ignore_eos": Feature(SERVED, "SGLang's stop checks on every emitted token"),
     "skip_special_tokens": Feature(INERT, "detokenization"),
     "spaces_between_special_tokens": Feature(INERT, "detokenization"),
     "no_stop_trim": Feature(INERT, "detokenization"),
     "stream_interval": Feature(INERT, "streaming"),
-    "logit_bias": _refused("a per-row logit bias is not applied to verify rows yet"),
+    "logit_bias": Feature(SERVED, "added to every verify row, after the grammar mask as plain decoding does"),
     "sampling_seed": Feature(SERVED, "SGLang's seeded Gumbel-max choice per verify row, matched exactly"),
-    "custom_params": Feature(INERT, "read only by custom logit processors (refused) and grammars (refused)"),
+    "custom_params": Feature(SERVED, "passed to the custom logit processor with the row plain decoding gives it"),
     "watermark": _refused("watermarking biases sampling per row; not applied to verify rows"),
     "is_normalized": Feature(INERT, "internal"),
 }
@@ -87,7 +87,8 @@ REQUEST_FIELDS: dict[str, Feature] = {
     "return_sampling_mask": _refused("sampling masks of verify rows are not returned"),
     "sampling_logprobs_mode": Feature(INERT, "only with return_sampling_mask (refused)"),
     "return_entropy": _refused("entropies of verify rows are not returned"),
-    "custom_logit_processor": _refused("custom logit processors are not applied to verify rows"),
+    "custom_logit_processor": Feature(SERVED, "its request verifies the anchor alone (no drafts), so the processor "
+                                              "sees the one row plain decoding gives it, with the same request state"),
     "require_reasoning": _refused("reasoning grammars are not applied to verify rows"),
     "max_thinking_tokens": _refused("the thinking budget's logit processing is not applied to verify rows"),
     "lora_path": _refused("LoRA is refused at start-up with DSPARK"),
@@ -106,7 +107,7 @@ REQUEST_FIELDS: dict[str, Feature] = {
 REQ_ATTRIBUTES = {
     "return_hidden_states": "return_hidden_states", "return_routed_experts": "return_routed_experts",
     "return_indexer_topk": "return_indexer_topk", "return_sampling_mask": "return_sampling_mask",
-    "return_entropy": "return_entropy", "custom_logit_processor": "custom_logit_processor",
+    "return_entropy": "return_entropy",
     "require_reasoning": "require_reasoning", "max_thinking_tokens": "max_thinking_tokens",
     "input_embeds": "input_embeds", "multimodal_inputs": "image_data",
     "positional_embed_overrides": "positional_embed_overrides",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_dspark.cost import StepCostTable, profile, save_cost_table
-from sgl_dspark.scheduler import ScheduleBatch, Scheduler, StepResult, VerifyPlan
+from sgl_dspark.scheduler import PlanInput, Scheduler, StepResult, VerifyPlan
 
 PROFILE_MAX_TOKENS = 64  # the largest batch timed; the table extrapolates linearly beyond it
 PROFILE_CONTEXT = 128  # committed tokens per dummy request (the keys each verify row attends over)
@@ -120,7 +120,7 @@ class SavingScheduler:
         self.table = table
         self.steps = 0
 
-    def plan(self, batch: ScheduleBatch) -> VerifyPlan:
+    def plan(self, batch: PlanInput) -> VerifyPlan:
         return self.inner.plan(batch)
 
     def observe(self, result: StepResult) -> None:

@@ -20,7 +20,7 @@ LAG_STEPS = 2  # the lagged budget uses the pool of this many plans ago (5.2: "t
 
 
 @dataclass(frozen=True)
-class ScheduleBatch:
+class PlanInput:
     """One step's scheduler input."""
 
     trees: tuple[DraftTree, ...]  # R requests' blocks (chain or tree), confidences already calibrated
@@ -54,7 +54,7 @@ class Knobs:
 
 
 class Scheduler(Protocol):
-    def plan(self, batch: ScheduleBatch) -> VerifyPlan: ...
+    def plan(self, batch: PlanInput) -> VerifyPlan: ...
 
     def observe(self, result: StepResult) -> None: ...
 
@@ -198,7 +198,7 @@ class BudgetScheduler:
         self.knobs = knobs
         self.cost_table = table
 
-    def plan(self, batch: ScheduleBatch) -> VerifyPlan:
+    def plan(self, batch: PlanInput) -> VerifyPlan:
         cands = candidates(batch.trees)
         allowed = eligible(cands, self.knobs)
         forced = allowed & (cands.rank < self.knobs.min_verify)
@@ -247,7 +247,7 @@ class VerifyAll:
     def __init__(self, knobs: Knobs, table: StepCostTable | None = None):
         self.knobs = knobs
 
-    def plan(self, batch: ScheduleBatch) -> VerifyPlan:
+    def plan(self, batch: PlanInput) -> VerifyPlan:
         cands = candidates(batch.trees)
         return make_plan(cands, eligible(cands, self.knobs), batch.extra_tokens)
 

@@ -4,7 +4,6 @@ Owns: the DSpark config of this server, the drafter bound to the target's embedd
 feature capture, the draft client, the step-cost table and the verify scheduler. Errors name their cause.
 """
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,8 @@ from sgl_dspark.calibration import load_calibration
 from sgl_dspark.config import DSparkConfig
 from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
 from sgl_dspark.draft_worker.client import DraftClient
-from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, parse_drafter_config
+from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, read_drafter_config
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE
 from sgl_dspark.lookup import LookupKnobs
 from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter, pack_model
 from sgl_dspark.profiler import SavingScheduler, startup_table
@@ -75,21 +75,20 @@ class WorkerSetup:
 
 
 def calibration_path(config: DSparkConfig, drafter_path: str) -> str | None:
-    """The calibration knob, else the `calibration.json` that `python -m sgl_dspark.calibrate` wrote beside the
-    drafter, else None (raw confidences)."""
+    """The calibration knob, else the `calibration.json` that `python -m sgl_dspark.training.calibrate` wrote beside
+    the drafter, else None (raw confidences)."""
     if config.calibration is not None:
         return config.calibration
     beside = Path(drafter_path) / "calibration.json"
     return str(beside) if beside.is_file() else None
 
 
-def read_drafter_config(path: str, target: TargetSpec) -> DrafterConfig:
+def fitting_drafter_config(path: str, target: TargetSpec) -> DrafterConfig:
     """The drafter checkpoint's config, checked against the target; one-line ValueError naming the cause."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"drafter checkpoint {path!r} has no config.json (set --speculative-draft-model-path "
+    if not (Path(path) / CONFIG_FILE).is_file():
+        raise ValueError(f"drafter checkpoint {path!r} has no {CONFIG_FILE} (set --speculative-draft-model-path "
                          f"to a DSpark drafter folder)")
-    config = parse_drafter_config(json.loads(config_file.read_text()))
+    config = read_drafter_config(path)
     check_fits_target(config, target)
     return config
 
@@ -154,7 +153,7 @@ def use_packed_gemm(model) -> None:
 def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     target = TargetSpec.from_hf_config(model_runner.model_config.hf_config.to_dict())
     drafter_path = server_args.speculative_draft_model_path
-    drafter_config = read_drafter_config(drafter_path, target)
+    drafter_config = fitting_drafter_config(drafter_path, target)
     model = model_runner.model
     capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
     if str(model_runner.device) == "cpu" and config.cpu_gemm == "onednn":

@@ -17,6 +17,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
+from sgl_dspark.constraints import Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks, scaling_rows
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
@@ -24,7 +25,7 @@ from sgl_dspark.layout import VerifyRows, accept_rows, pack_trees
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.observe import StepStats, WorkerMetrics, result_counts
 from sgl_dspark.sampling import SamplingParams
-from sgl_dspark.scheduler import ScheduleBatch as PlanInput
+from sgl_dspark.scheduler import PlanInput
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.seeded import seeded_choices, seeded_from_probs
 from sgl_dspark.serving import WorkerSetup, build_setup, start_cost_table
@@ -38,6 +39,17 @@ logger = logging.getLogger(__name__)
 def request_sampling(req) -> SamplingParams:
     p = req.sampling_params
     return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
+
+
+def request_penalties(req) -> Penalties:
+    """The request's penalties, with the stop tokens SGLang's min_new_tokens penalizer masks."""
+    p, tokenizer = req.sampling_params, getattr(req, "tokenizer", None)
+    stops = set(p.stop_token_ids or ()) | set(req.eos_token_ids or ())
+    if tokenizer is not None:
+        stops |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            stops.add(tokenizer.eos_token_id)
+    return Penalties(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, p.min_new_tokens, tuple(stops))
 
 
 def refuse_unsupported(reqs) -> None:
@@ -173,6 +185,7 @@ class DSparkWorker(BaseSpecWorker):
         self.prepare_verify(batch, step)
         out = self.target_worker.forward_batch_generation(batch, is_verify=True)
         verified_at = time.perf_counter()
+        self.constrain(batch, step, out.logits_output.next_token_logits)
         results = self.verify(batch, step, out.logits_output.next_token_logits)
         accepted = accept_rows(results, step.rows.width, self.stride)
         if batch.return_logprob:
@@ -209,6 +222,7 @@ class DSparkWorker(BaseSpecWorker):
             blocks = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
         else:
             blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors))
+        blocks = self.unspeculated(batch, blocks, anchors)
         plan = self.scheduler.plan(PlanInput(tuple(g.tree for g in blocks)))
         selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
         widest = max(g.tree.size for g in selected)
@@ -221,6 +235,12 @@ class DSparkWorker(BaseSpecWorker):
 
     def no_drafts(self, batch, anchors: list[int]) -> list[DraftTree]:
         return [root_only(a, request_sampling(req), self.vocab) for a, req in zip(anchors, batch.reqs)]
+
+    def unspeculated(self, batch, blocks: list[Grafted], anchors: list[int]) -> list[Grafted]:
+        """A request with a custom logit processor verifies its anchor alone: the processor sees the one row plain
+        decoding gives it (its state, custom_params' __req__, describes that row only)."""
+        return [Grafted.plain(root_only(a, request_sampling(req), self.vocab)) if req.custom_logit_processor else g
+                for g, a, req in zip(blocks, anchors, batch.reqs)]
 
     def with_lookup(self, batch, trees: list[DraftTree]) -> list[Grafted]:
         """Graft the request's own-context lookup chains onto the drafter's trees (lookup knob)."""
@@ -289,6 +309,33 @@ class DSparkWorker(BaseSpecWorker):
         parts = [torch.cat([torch.ones(rows.width, n, dtype=torch.bool), m], 1).flatten()
                  for m, n in zip(rows.mask, seq_lens)]
         return torch.cat(parts).to(self.device)
+
+    def constrain(self, batch, step: DecodeStep, logits: torch.Tensor) -> None:
+        """Plain decoding's logit transforms (penalties, grammar mask, logit bias, custom logit processor) on every
+        verify row as if its path had been generated (sgl_dspark.constraints), in place, so acceptance and logprobs
+        both see them."""
+        width = step.rows.width
+        for b, (g, req) in enumerate(zip(step.trees, batch.reqs)):
+            rows = logits[b * width:b * width + g.tree.size]
+            penalties, bias = request_penalties(req), bias_row(req.sampling_params.logit_bias, self.vocab)
+            if penalties.active:
+                counts = PathCounts.of(g.tree, req.output_ids, self.vocab)
+                if penalties.additive:
+                    rows += additive_rows(penalties, counts).to(rows.device)
+                if penalties.scaling:
+                    apply_scaling(rows, scaling_rows(penalties, counts).to(rows.device))
+            if req.grammar is not None:
+                masks = req.grammar.allocate_vocab_mask(vocab_size=self.vocab, batch_size=g.tree.size, device="cpu")
+                grammar_masks(req.grammar, g.tree, masks)
+                req.grammar.apply_vocab_mask(rows, req.grammar.move_vocab_mask(masks, rows.device))
+            if bias is not None:
+                rows += bias.to(rows.device)
+        if batch.sampling_info.has_custom_logit_processor:  # their requests verify the root row alone
+            from sglang.srt.layers.sampler import apply_custom_logit_processor
+
+            roots = logits[::width].clone()
+            apply_custom_logit_processor(roots, batch.sampling_info)
+            logits[::width] = roots
 
     def verify(self, batch, step: DecodeStep, logits: torch.Tensor):
         width = step.rows.width

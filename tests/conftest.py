@@ -15,6 +15,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
-    from sgl_dspark.models import prepare
+    from sgl_dspark.tools.models import prepare
 
     return str(prepare("float32").path)

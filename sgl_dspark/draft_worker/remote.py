@@ -5,7 +5,6 @@ the client-side shared-memory arenas and the run directory, and checks every rep
 Must not import SGLang; the SGLang worker sees only the DraftClient protocol and DraftWorkerUnavailable.
 """
 
-import json
 import logging
 import shutil
 import tempfile
@@ -13,7 +12,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -25,8 +23,8 @@ from sgl_dspark.draft_worker.ledger import SlotLedger
 from sgl_dspark.draft_worker.messages import Ack, Error, Init, Message, Propose, Proposed, WriteContext
 from sgl_dspark.draft_worker.reply import ReplyLimits, garbled, unpack
 from sgl_dspark.draft_worker.shm import ALIGN, DEFAULT_DIR, DTYPES, GrowingArena, arena_prefix, space
-from sgl_dspark.drafter.checkpoint import CONFIG_FILE
-from sgl_dspark.drafter.config import TargetSpec, parse_drafter_config
+from sgl_dspark.drafter.checkpoint import read_drafter_config
+from sgl_dspark.drafter.config import TargetSpec
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.tree import DraftTree
 
@@ -103,7 +101,7 @@ def reply_bytes(batch: int, tree_size: int, vocab: int) -> int:
 
 def arena_sizes(settings: WorkerSettings) -> tuple[int, int]:
     """(request, reply) initial arena bytes, from the drafter's config.json and the step limits."""
-    cfg = parse_drafter_config(json.loads((Path(settings.drafter_path) / CONFIG_FILE).read_text()))
+    cfg = read_drafter_config(settings.drafter_path)
     request = settings.max_step_tokens * (4 * cfg.num_features * cfg.hidden_size + 16) + 4 * ALIGN
     tree_size = settings.knobs.resolve(cfg.gamma).max_nodes + 1
     return request, reply_bytes(settings.max_batch, tree_size, cfg.vocab_size)

@@ -1,7 +1,8 @@
 """Drafter checkpoint I/O in the DeepSpec / deepseek-ai/dspark_* format: `config.json` + `*.safetensors`.
 
-Owns name normalisation (`model.` prefix dropped; the target's `embed_tokens.*` / `lm_head.*` and `rotary_emb.*`
-ignored), the refusal of checkpoints that do not fit the target (one-line ValueErrors naming the field), and saving.
+Owns reading a drafter folder's config.json (`read_drafter_config`, the one place it is read), name normalisation
+(`model.` prefix dropped; the target's `embed_tokens.*` / `lm_head.*` and `rotary_emb.*` ignored), the refusal of
+checkpoints that do not fit the target (one-line ValueErrors naming the field), and saving.
 Must not build target weights or touch SGLang.
 """
 
@@ -11,13 +12,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from sgl_dspark.drafter.config import TargetSpec, check_fits_target, parse_drafter_config
+from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target, parse_drafter_config
 from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights, check_draft_vocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 IGNORED_PREFIXES = ("embed_tokens.", "lm_head.", "rotary_emb.")  # borrowed from the target / recomputed
 _INTEGER_WEIGHTS = ("d2t",)
+
+
+def read_drafter_config(path: str | Path) -> DrafterConfig:
+    """The drafter folder's config.json -> the validated record. ValueError names the bad field (malformed JSON is
+    one too); OSError when the file cannot be read. Fit to a target is `check_fits_target`, a separate step."""
+    return parse_drafter_config(json.loads((Path(path) / CONFIG_FILE).read_text()))
 
 
 def save_drafter(drafter: DSparkDrafter, path: str | Path) -> Path:
@@ -71,7 +78,7 @@ def load_drafter(path: str | Path, target: TargetSpec, weights: TargetWeights | 
                  dtype: torch.dtype = torch.float32) -> DSparkDrafter:
     """Load a drafter directory unchanged, check it fits `target`, attach the target's weights if given."""
     root = Path(path)
-    config = parse_drafter_config(json.loads((root / CONFIG_FILE).read_text()))
+    config = read_drafter_config(root)
     check_fits_target(config, target)
     tensors = read_weights(root)
     if not config.enable_confidence_head:  # as the builtin: a disabled head's weights are ignored

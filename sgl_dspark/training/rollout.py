@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_dspark.data import Record
+from sgl_dspark.training.data import Record
 from sgl_dspark.drafter.model import DSparkDrafter
 from sgl_dspark.training.objective import (LossWeights, SparseTarget, accepted_length, block_outputs, block_rows,
                                            dspark_loss, sparse_target, with_tokens)

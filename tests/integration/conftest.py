@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sgl_dspark.server import ServerSpec, free_port, serving
+from sgl_dspark.tools.launch import ServerSpec, free_port, serving
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "prompts.json"
 

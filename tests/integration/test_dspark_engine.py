@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import generate
-from sgl_dspark.server import CPU_ENV, has_cuda
+from sgl_dspark.tools.launch import CPU_ENV, has_cuda
 
 pytestmark = pytest.mark.integration
 

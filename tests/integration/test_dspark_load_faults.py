@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from conftest import dspark_spec, generate
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 from test_dspark_recovery import gauge, wait_for_generation, wait_for_worker
 
 pytestmark = pytest.mark.integration

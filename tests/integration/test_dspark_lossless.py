@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from conftest import GREEDY_128, dspark_spec, generate_all, warm_prefix_cache
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_shipped_drafter_with_lookup_is_lossless(request, default_model_path, pr
                                                 tmp_path_factory):
     """The demo's configuration: the trained drafter committed in the package, plus context lookup, at concurrency
     4; its drafts are accepted (accepted length > 1) and the output is still the plain server's."""
-    from sgl_dspark.models import SHIPPED_DRAFTER
+    from sgl_dspark.tools.models import SHIPPED_DRAFTER
 
     spec = dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--speculative-dspark-lookup", "true")
     with serving(spec, tmp_path_factory.mktemp("dspark-shipped")) as server:

@@ -13,7 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from sgl_dspark.cost import load_cost_table
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 from conftest import dspark_spec, generate
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import dspark_spec, generate
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 
 pytestmark = pytest.mark.integration
 

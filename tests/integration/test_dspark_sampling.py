@@ -1,5 +1,6 @@
 """DSPARK's sampled output is distributed as the plain server's: chi-square two-sample tests of the tokens after
-the first (those come from verification) at temperature 1 and at temperature 0.7 with top-p 0.9, for chain
+the first (those come from verification) at temperature 1, at temperature 0.7 with top-p 0.9 and under a regex
+with a logit bias, for chain
 drafting (default preset), tree drafting (preset tree) and context lookup (lookup on), with a drafter that
 disagrees with the target, so that rejections and residual draws are frequent.
 
@@ -22,7 +23,7 @@ from scipy.stats import chi2_contingency
 
 from conftest import after_first, contingency, draw, dspark_spec
 from sgl_dspark.drafter.factory import save_markov_drafter_for
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 from sgl_dspark.trace import read_trace
 
 pytestmark = pytest.mark.integration
@@ -33,6 +34,10 @@ PROMPT = "3 7 1 9 4 3 7 1 9 4 3 7 1 9"
 SETTINGS = {
     "t1": {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True},
     "t0.7-top_p0.9": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 3, "ignore_eos": True},
+    # The regex's mask and the logit bias on every verify row (sgl_dspark.constraints): " " is forced first and
+    # third, the digit between is drawn from the masked, biased row ("3" +1).
+    "t1-regex-bias": {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True, "regex": r"( [0-9]){2,6}",
+                      "logit_bias": {"35": 1.0}, "min_new_tokens": 2},
 }
 CONFIGS = {"chain": (), "tree": ("--speculative-dspark-preset", "tree"),
            "lookup": ("--speculative-dspark-lookup", "true")}

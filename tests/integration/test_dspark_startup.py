@@ -8,7 +8,7 @@ import pytest
 
 from sgl_dspark.drafter import save_drafter
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
-from sgl_dspark.server import ServerError, ServerSpec, free_port, start
+from sgl_dspark.tools.launch import ServerError, ServerSpec, free_port, start
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ by the rid the client sent, consistent with the request's meta_info (benchmarks/
 
 import pytest
 
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 from sgl_dspark.trace import read_trace
 from conftest import dspark_spec, generate
 

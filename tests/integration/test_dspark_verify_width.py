@@ -8,7 +8,7 @@ import pytest
 
 from conftest import dspark_spec, generate_all
 from sgl_dspark.config import load_config
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 
 pytestmark = pytest.mark.integration
 

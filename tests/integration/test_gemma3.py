@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROMPTS_FILE, dspark_spec, generate_all
-from sgl_dspark.server import ServerSpec, free_port, serving
+from sgl_dspark.tools.launch import ServerSpec, free_port, serving
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ LONG_SOURCE_CHARS = 3000  # of a standard-library module: ~800 Gemma tokens
 
 @pytest.fixture(scope="module")
 def gemma_path() -> str:
-    from sgl_dspark.models import GEMMA3, prepare
+    from sgl_dspark.tools.models import GEMMA3, prepare
 
     return str(prepare("float32", source=GEMMA3).path)
 
@@ -70,7 +70,7 @@ def plain_replies(gemma_path, gemma_prompts, tmp_path_factory) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def dspark_replies(gemma_path, gemma_prompts, tmp_path_factory) -> list[dict]:
-    from sgl_dspark.models import GEMMA3, default_drafter
+    from sgl_dspark.tools.models import GEMMA3, default_drafter
 
     drafter = default_drafter(gemma_path)
     assert drafter == str(GEMMA3.drafter), "the shipped Gemma drafter is missing"

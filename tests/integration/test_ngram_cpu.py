@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from scheduler_patch.backends import TORCH_BACKEND
-from sgl_dspark.server import ServerSpec, free_port, serving
+from sgl_dspark.tools.launch import ServerSpec, free_port, serving
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from sgl_dspark.server import HOST, ServerError, ServerSpec, free_port, port_in_use, start, stop
+from sgl_dspark.tools.launch import HOST, ServerError, ServerSpec, free_port, port_in_use, start, stop
 
 
 def test_port_in_use_is_refused_with_one_line(default_model_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_dspark.data import read_records
+from sgl_dspark.training.data import read_records
 from conftest import generate
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ def data_dir(default_model_path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data")
     questions = out / "questions.txt"
     questions.write_text("\n".join(QUESTIONS) + "\n")
-    run("sgl_dspark.data", "build", "--out", str(out), "--model-path", default_model_path, "--prompts-file",
+    run("sgl_dspark.training.data", "build", "--out", str(out), "--model-path", default_model_path, "--prompts-file",
         str(questions), "--sharegpt-prompts", "0", "--max-new-tokens", "16", "--stdlib-tokens", "3000",
         "--heldout-share", "0.5", "--concurrency", "3", "--port", "0")
     return out
@@ -53,18 +53,18 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
     run_dir = tmp_path / "run"
     common = ["--data", str(data_dir), "--out", str(run_dir), "--target", default_model_path, "--preset", "tiny",
               "--eval-records", "2", "--anchors", "16"]
-    run("sgl_dspark.train", *common, "--minutes", "0.05")
+    run("sgl_dspark.training.trainer", *common, "--minutes", "0.05")
     first = json.loads(run_dir.joinpath("curve.jsonl").read_text().splitlines()[-1])
-    run("sgl_dspark.train", *common, "--minutes", "0.1")  # resumes: same folder, larger budget
+    run("sgl_dspark.training.trainer", *common, "--minutes", "0.1")  # resumes: same folder, larger budget
     curve = [json.loads(line) for line in run_dir.joinpath("curve.jsonl").read_text().splitlines()]
     assert curve[-1]["step"] > first["step"] >= 1 and 1.0 <= curve[-1]["tau"] <= 8.0
     assert len(curve[-1]["cond_accept"]) == 7
-    run("sgl_dspark.calibrate", "--drafter", str(run_dir / "checkpoint"), "--data", str(data_dir),
+    run("sgl_dspark.training.calibrate", "--drafter", str(run_dir / "checkpoint"), "--data", str(data_dir),
         "--target", default_model_path, "--records", "2")
     temps = json.loads((run_dir / "checkpoint" / "calibration.json").read_text())["temperatures"]
     assert len(temps) == 7 and all(t > 0 for t in temps)
     out = tmp_path / "shipped"
-    run("sgl_dspark.export", "--run", str(run_dir), "--data", str(data_dir), "--out", str(out))
+    run("sgl_dspark.training.export", "--run", str(run_dir), "--data", str(data_dir), "--out", str(out))
     target = TargetSpec.from_hf_config(json.loads(Path(default_model_path, "config.json").read_text()))
     assert load_drafter(out, target).config.gamma == 7
     assert "Held-out accepted length" in (out / "README.md").read_text()
@@ -72,7 +72,7 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
 
 
 def test_bad_data_folder_is_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "sgl_dspark.train", "--data", str(tmp_path), "--out",
+    done = subprocess.run([sys.executable, "-m", "sgl_dspark.training.trainer", "--data", str(tmp_path), "--out",
                            str(tmp_path / "r"), "--minutes", "0.01"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1].startswith("sgl_dspark.train: error: training data")
+    assert done.stderr.strip().splitlines()[-1].startswith("sgl_dspark.training.trainer: error: training data")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import dspark_spec, generate
-from sgl_dspark.server import serving
+from sgl_dspark.tools.launch import serving
 
 pytestmark = pytest.mark.integration
 

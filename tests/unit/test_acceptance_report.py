@@ -1,15 +1,21 @@
 """Acceptance report and step trace: per-position acceptance, reliability bins / ECE, tau, the markdown table."""
 
+import sys
+from pathlib import Path
+
 import torch
 
-from sgl_dspark.acceptance import (TABLE_END, TABLE_START, RequestOutcome, chain_positions, chain_records,
-                                   markdown_table, outcome_of, position_acceptance, reliability, reliability_bins,
-                                   splice_table, summarize)
-from sgl_dspark.calibration import ece
-from sgl_dspark.graft import Grafted
-from sgl_dspark.trace import StepTrace, leading_matches, main_chain, read_trace, reached_depth, step_trace, TraceWriter
-from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import VerifyResult
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of scripts, not installed
+
+from benchmarks.acceptance_report import (TABLE_END, TABLE_START, RequestOutcome, chain_positions,  # noqa: E402
+                                          chain_records, markdown_table, outcome_of, position_acceptance, reliability,
+                                          reliability_bins, splice_table, summarize)
+from sgl_dspark.calibration import ece  # noqa: E402
+from sgl_dspark.graft import Grafted  # noqa: E402
+from sgl_dspark.trace import (StepTrace, TraceWriter, leading_matches, main_chain, read_trace,  # noqa: E402
+                              reached_depth, step_trace)
+from sgl_dspark.tree import DraftTree  # noqa: E402
+from sgl_dspark.verify import VerifyResult  # noqa: E402
 
 
 def trace(tau: int, reached: int, conf: list[float], chain_accepted: int, lookup: int = 0, rid: str = "r") -> StepTrace:

@@ -14,8 +14,8 @@ def test_a_bad_input_is_one_line_and_exit_1(capsys):
     def body():
         raise ValueError("data folder /x has no train.jsonl")
 
-    assert cli.run("sgl_dspark.train", body) == 1
-    assert capsys.readouterr().err == "sgl_dspark.train: error: data folder /x has no train.jsonl\n"
+    assert cli.run("sgl_dspark.training.trainer", body) == 1
+    assert capsys.readouterr().err == "sgl_dspark.training.trainer: error: data folder /x has no train.jsonl\n"
 
 
 def test_other_errors_are_not_swallowed():

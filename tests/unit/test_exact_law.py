@@ -18,7 +18,7 @@ from sgl_dspark.cost import from_measurements
 from sgl_dspark.graft import Grafted, graft
 from sgl_dspark.lookup import Candidate, LookupKnobs, LookupStats
 from sgl_dspark.sampling import SamplingParams, target_probs
-from sgl_dspark.scheduler import Knobs, LaggedScheduler, PrefixScheduler, ScheduleBatch, VerifyAll
+from sgl_dspark.scheduler import Knobs, LaggedScheduler, PlanInput, PrefixScheduler, VerifyAll
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import verify
 
@@ -195,7 +195,7 @@ def scheduler(mode: str, table: str):
         return VerifyAll(Knobs(0, 2, None, 0.0))
     lagged = LaggedScheduler(knobs, TABLES[table])
     for _ in range(2):  # the budget comes from pools of earlier steps (fixed blocks here)
-        lagged.plan(ScheduleBatch((OTHER, OTHER)))
+        lagged.plan(PlanInput((OTHER, OTHER)))
     return lagged
 
 
@@ -206,7 +206,7 @@ def step_law(shape: Callable[[Replay], DraftTree], mode: str, table: str, params
     def run(draws: Replay) -> tuple[int, ...]:
         tree = shape(draws)
         block = with_lookup(tree) if lookup else Grafted.plain(tree)
-        plan = scheduler(mode, table).plan(ScheduleBatch((block.tree, *others)))
+        plan = scheduler(mode, table).plan(PlanInput((block.tree, *others)))
         chosen = block.select(plan.selections[0])
         paths = Builder()
         paths.tokens, paths.parents = chosen.tree.tokens.tolist(), chosen.tree.parents.tolist()

@@ -6,7 +6,7 @@ import torch
 
 from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
-from sgl_dspark.export import export, read_curve
+from sgl_dspark.training.export import export, read_curve
 
 
 def test_export_casts_weights_and_writes_the_card(tmp_path):
@@ -22,13 +22,15 @@ def test_export_casts_weights_and_writes_the_card(tmp_path):
     (run / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data.mkdir()
     (data / "manifest.json").write_text(json.dumps({"records": 3, "target": "/home/me/models/Tiny"}))
-    export(run, data, out, torch.bfloat16, f"python -m sgl_dspark.train --data {data} --out {run} --minutes 1")
+    command = f"python -m sgl_dspark.training.trainer --data {data} --out {run} --minutes 1"
+    export(run, data, out, torch.bfloat16, command)
     assert len(read_curve(run)) == 2
     loaded = load_drafter(out, spec)
     for name, p in drafter.state_dict().items():
         if p.is_floating_point():
             torch.testing.assert_close(loaded.state_dict()[name], p.to(torch.bfloat16).float())
     card = (out / "README.md").read_text()
-    assert "python -m sgl_dspark.train --data DATA --out RUN --minutes 1" in card and "| 1.0 | 9 | 1.500 |" in card
+    assert "python -m sgl_dspark.training.trainer --data DATA --out RUN --minutes 1" in card
+    assert "| 1.0 | 9 | 1.500 |" in card
     assert str(tmp_path) not in card and "/home/me" not in card and "# DSpark drafter for Tiny" in card
     assert (out / "calibration.json").is_file() and (out / "curve.png").stat().st_size > 0

@@ -40,10 +40,15 @@ def test_defaults_and_served_fields_are_not_refused():
     assert refusal(sglang_params(sampling_seed=7), SimpleNamespace()) is None
 
 
-@pytest.mark.parametrize("given,name", [({"frequency_penalty": 0.5}, "frequency_penalty"),
-                                        ({"repetition_penalty": 1.2}, "repetition_penalty"),
-                                        ({"min_new_tokens": 3}, "min_new_tokens"), ({"regex": "[a-z]+"}, "regex"),
-                                        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+@pytest.mark.parametrize("given", [{"frequency_penalty": 0.5, "presence_penalty": -0.3}, {"repetition_penalty": 1.2},
+                                   {"min_new_tokens": 3}, {"regex": "[a-z]+"}, {"json_schema": "{}"}, {"ebnf": "x"},
+                                   {"logit_bias": {"5": 1.0}}])
+def test_constraints_and_penalties_are_served(given):
+    """Served per verify row by sgl_dspark.constraints (greedy identity: tests/integration/test_dspark_constraints)."""
+    assert refusal(sglang_params(**given), SimpleNamespace(custom_logit_processor="{}")) is None
+
+
+@pytest.mark.parametrize("given,name", [({"watermark": {"key": "ab12"}}, "watermark"),
                                         ({"sampling_seed": 3, "min_p": 0.1}, "sampling_seed with min_p")])
 def test_refused_sampling_fields_are_named(given, name):
     assert used_refused(sglang_params(**given), SimpleNamespace()) == [name]

@@ -14,7 +14,7 @@ import sgl_dspark.graft as graft_mod
 from sgl_dspark.graft import Grafted, fold, graft, lookup_accepted, outcome
 from sgl_dspark.lookup import Candidate, LookupIndex, LookupKnobs, LookupOutcome, LookupRegistry, LookupStats
 from sgl_dspark.sampling import SamplingParams, target_probs
-from sgl_dspark.scheduler import Knobs, ScheduleBatch, VerifyAll
+from sgl_dspark.scheduler import Knobs, PlanInput, VerifyAll
 from sgl_dspark.tree import DraftTree, depths
 from sgl_dspark.verify import VerifyResult, children, verify
 
@@ -256,7 +256,7 @@ def verify_all(g: Grafted) -> torch.Tensor:
 def scheduled(cap: int):
     """The real scheduler's selection, at most `cap` draft nodes (lookup confidence 0.5 at depth 1)."""
     def select(g: Grafted) -> torch.Tensor:
-        return VerifyAll(Knobs(0, cap, None, 0.0)).plan(ScheduleBatch((g.tree,))).selections[0]
+        return VerifyAll(Knobs(0, cap, None, 0.0)).plan(PlanInput((g.tree,))).selections[0]
     return select
 
 

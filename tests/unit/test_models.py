@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sgl_dspark import models
+from sgl_dspark.tools import models
 
 
 def test_missing_package_without_install_names_the_package(monkeypatch):

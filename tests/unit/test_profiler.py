@@ -8,7 +8,7 @@ import torch
 from sgl_dspark.config import load_config
 from sgl_dspark.cost import StepCostTable, load_cost_table
 from sgl_dspark.profiler import ProfileLimits, SavingScheduler, describe, startup_table, token_counts, verify_shape
-from sgl_dspark.scheduler import ScheduleBatch, StepResult, make_scheduler
+from sgl_dspark.scheduler import PlanInput, StepResult, make_scheduler
 from sgl_dspark.tree import DraftTree
 
 TABLE = StepCostTable((1, 8), (0.1, 0.2))
@@ -44,7 +44,7 @@ def test_saving_scheduler_writes_on_set_and_every_n_steps(tmp_path):
     saving.cost_table = StepCostTable((1, 8), (0.2, 0.4))
     assert load_cost_table(path) == inner.cost_table == StepCostTable((1, 8), (0.2, 0.4))
     tree = DraftTree.chain(torch.tensor([5, 6]), torch.tensor([1.0, 0.9]))
-    assert saving.plan(ScheduleBatch((tree,))).batch_tokens >= 1
+    assert saving.plan(PlanInput((tree,))).batch_tokens >= 1
     saving.observe(StepResult(1, 0.3))
     assert load_cost_table(path).seconds == (0.2, 0.4)  # not yet: every 2 steps
     saving.observe(StepResult(1, 0.3))

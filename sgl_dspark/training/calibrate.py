@@ -1,4 +1,4 @@
-"""`python -m sgl_dspark.calibrate`: fit a drafter's sequential temperatures (STS) on held-out rollouts.
+"""`python -m sgl_dspark.training.calibrate`: fit a drafter's sequential temperatures (STS) on held-out rollouts.
 
 Runs the drafter against the frozen target over held-out records (teacher-forced blocks at many anchors),
 fits one temperature per draft position (sgl_dspark.calibration), prints ECE/AUC before and after, and writes
@@ -12,14 +12,14 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see sgl_dspark.train
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see sgl_dspark.training.trainer
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 import torch  # noqa: E402
 
 from sgl_dspark import cli  # noqa: E402
 from sgl_dspark.calibration import fit_calibration, save_calibration  # noqa: E402
-from sgl_dspark.data import read_records  # noqa: E402
+from sgl_dspark.training.data import read_records  # noqa: E402
 from sgl_dspark.drafter.checkpoint import load_drafter  # noqa: E402
 from sgl_dspark.drafter.config import TargetSpec  # noqa: E402
 from sgl_dspark.drafter.model import TargetWeights  # noqa: E402
@@ -57,9 +57,10 @@ def calibrate(drafter_path: str, target_path: str, data: str, records: int, out:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sgl_dspark.calibrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m sgl_dspark.training.calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--drafter", required=True, help="drafter checkpoint folder")
-    p.add_argument("--data", required=True, help="folder from `python -m sgl_dspark.data build` (uses heldout.jsonl)")
+    p.add_argument("--data", required=True,
+                   help="folder from `python -m sgl_dspark.training.data build` (uses heldout.jsonl)")
     p.add_argument("--target", default=None, help="target HF folder (default: the prepared default model)")
     p.add_argument("--records", type=int, default=24, help="held-out records per source")
     p.add_argument("--out", type=Path, default=None, help=f"output JSON (default: DRAFTER/{CALIBRATION_FILE})")
@@ -68,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> None:
         if a.target is None:
-            from sgl_dspark.models import prepare
+            from sgl_dspark.tools.models import prepare
 
             a.target = str(prepare("float32").path)
         out = a.out or Path(a.drafter) / CALIBRATION_FILE
         print(json.dumps(calibrate(a.drafter, a.target, a.data, a.records, out, a.max_len)))
         print(f"wrote {out}")
 
-    return cli.run("sgl_dspark.calibrate", body)
+    return cli.run("sgl_dspark.training.calibrate", body)
 
 
 if __name__ == "__main__":
