@@ -7,5 +7,8 @@ shares across a model's layers, and the start-up refusals), `flashinfer_tree` (p
 FlashInfer, imported lazily).
 SGLang shells, imported only when SGLang builds a backend: `reference` ("dspark_torch": torch_native plus
 TARGET_VERIFY, runs on CPU) and `flashinfer_backend` ("dspark_flashinfer"). Registration lives in
-scheduler_patch/backends.py.
+scheduler_patch/backends.py; the names live here (no imports), so tools can pass them without the seam.
 """
+
+TORCH_BACKEND = "dspark_torch"
+FLASHINFER_BACKEND = "dspark_flashinfer"

@@ -1,4 +1,6 @@
-"""The one seam into SGLang: the plugin entry point and the named, checked patches it applies.
+"""The one seam into SGLang: everything that imports SGLang or reaches into its objects.
 
-Nothing here runs the algorithm; it wires `sgl_dspark` into SGLang's processes.
+The plugin entry point (`plugin`) and the named, checked patches it applies (`patches`, `algorithm`, `server_args`,
+`errors`, `metrics`, `request_checks`, `backends`, `target_gemm`), the launch plan (`launch`), and the DSPARK worker
+that drives SGLang's batches (`runtime/`). The algorithm itself is `sgl_dspark`'s, which imports nothing from here.
 """

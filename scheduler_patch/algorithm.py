@@ -3,7 +3,7 @@
 Patch `dspark.from_string` takes the builtin name over, so SGLang's builtin DSPARK handling (CUDA-only argument
 checks, its worker) never runs. `DSparkSpec` answers every question SGLang 0.5.23 asks a spec algorithm; each
 answer and its reason is in DECISIONS, and an upstream method not listed there is drift. Must not resolve server
-arguments (server_args.py) or run the algorithm (sgl_dspark.worker).
+arguments (server_args.py) or run the algorithm (runtime/worker.py).
 """
 
 import logging
@@ -11,10 +11,10 @@ import types
 
 from sglang.srt.speculative.spec_info import CustomSpecAlgo  # re-exported; spec_registry is internal
 
+from scheduler_patch.launch import NAME, launch_of
 from scheduler_patch.patches import Patch
 
-NAME = "DSPARK"
-WORKER = "sgl_dspark.worker.DSparkWorker"  # imported only when the scheduler creates the worker
+WORKER = "scheduler_patch.runtime.worker.DSparkWorker"  # imported only when the scheduler creates the worker
 SPEC_INFO = "sglang.srt.speculative.spec_info"
 logger = logging.getLogger(__name__)
 
@@ -83,15 +83,11 @@ class DSparkSpec(CustomSpecAlgo):
 
     def handle_server_args(self, server_args) -> None:
         """Runs inside SGLang's handle_speculative_decoding on a recorder whose field writes become declarations."""
-        from scheduler_patch.server_args import launch_of
-
         for name, value in launch_of(server_args).server_fields().items():
             setattr(server_args, name, value)
 
     def create_worker(self, server_args) -> type:
         from sglang.srt.arg_groups.overrides import resolving_view
-
-        from scheduler_patch.server_args import launch_of
 
         if not resolving_view(server_args).disable_overlap_schedule:
             raise ValueError("sgl-dspark: DSPARK does not support overlap scheduling (disable_overlap_schedule is "
@@ -101,7 +97,7 @@ class DSparkSpec(CustomSpecAlgo):
 
 
 def _worker_class(server_args) -> type:
-    from sgl_dspark.worker import DSparkWorker
+    from scheduler_patch.runtime.worker import DSparkWorker
 
     return DSparkWorker
 

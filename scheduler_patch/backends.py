@@ -1,6 +1,6 @@
 """Patch: the plugin's attention backends, registered in SGLang's attention registry and CLI choices.
 
-Owns the names "dspark_torch" (CPU reference, tree verification) and "dspark_flashinfer" (GPU). Idempotent,
+Registers the names "dspark_torch" (CPU reference, tree verification) and "dspark_flashinfer" (GPU). Idempotent,
 undoable (`unregister_attention_backends`), and checks each upstream symbol before touching it, so SGLang
 drift fails loudly at plugin load. Backend modules are imported only when SGLang builds a backend.
 """
@@ -8,10 +8,9 @@ drift fails loudly at plugin load. Backend modules are imported only when SGLang
 import importlib
 from collections.abc import Callable
 
-from scheduler_patch.errors import StartupError
+from attention_backends import FLASHINFER_BACKEND, TORCH_BACKEND
 
-TORCH_BACKEND = "dspark_torch"
-FLASHINFER_BACKEND = "dspark_flashinfer"
+from scheduler_patch.errors import StartupError
 
 REGISTRY_MODULE = "sglang.srt.layers.attention.attention_registry"
 CHOICES_MODULE = "sglang.srt.arg_groups.choices"

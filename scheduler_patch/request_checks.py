@@ -3,7 +3,7 @@
 On this CPU, SGLang 0.5.23 lets an empty prompt (0 tokens reach the rotary embedding) and a token id outside the
 vocabulary (embedding lookup) end the scheduler, and with it the server. Patch `dspark.prompt_ids` extends the
 tokenizer's per-request validation, whose ValueError SGLang answers with 400 and one line. Must not decide any
-other refusal (SGLang's own checks and sgl_dspark.worker's sampling refusals stay where they are).
+other refusal (SGLang's own checks and the worker's sampling refusals, runtime/worker.py, stay where they are).
 """
 
 from collections.abc import Sequence

@@ -4,8 +4,8 @@ Patches: `dspark.cli_flags` adds `--speculative-dspark-preset` and one flag per 
 parser; `dspark.cli_values` keeps the given ones on the ServerArgs record (`_dspark_flags`: bookkeeping, which
 ServerArgs pickles to the scheduler); `dspark.resolve` runs `prepare` before SGLang's resolution pipeline: build
 the config, refuse what we do not support, check the drafter against the target (StartupError, one line naming
-the flag or field), declare the fields SGLang needs, and attach the plan (`_dspark_launch`, read by `launch_of`).
-Must not load weights or create workers.
+the flag or field), declare the fields SGLang needs, and attach the plan (launch.py: `_dspark_launch`, read by
+`launch_of`). Must not load weights or create workers.
 """
 
 import argparse
@@ -19,55 +19,21 @@ from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag,
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target
 
-from scheduler_patch.algorithm import NAME
 from scheduler_patch.audit import REFUSAL_FIELDS, UNSUPPORTED
 from scheduler_patch.backends import FLASHINFER_BACKEND, TORCH_BACKEND
 from scheduler_patch.errors import StartupError
+from scheduler_patch.launch import LAUNCH_ATTR, NAME, DSparkLaunch
 from scheduler_patch.patches import Patch
 
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 SOURCE = "sgl_dspark.prepare"  # the declaration source SGLang records for our field decisions
 FLAGS_ATTR = "_dspark_flags"
-LAUNCH_ATTR = "_dspark_launch"
 DEFAULT_BACKENDS = {"cpu": TORCH_BACKEND, "cuda": FLASHINFER_BACKEND}  # tree verification on each device
 BACKEND_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 PATH_KNOBS = ("cost_table", "calibration", "draft_vocab")
 FLAG_DESTS = tuple(cli_flag(k)[2:].replace("-", "_") for k in (PRESET_KNOB, *KNOBS))
 BUILTIN_PREFIX = "speculative_dspark_"  # SGLang's own fields for its builtin DSPARK share our flag prefix
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class DSparkLaunch:
-    """What the main process decided for a DSPARK run; rides on the ServerArgs record into every process."""
-
-    config: DSparkConfig
-    draft_nodes: int  # most draft nodes one request verifies per step, anchor excluded
-    attention_backend: str | None  # declared by the plugin; None: the user's explicit choice stands
-
-    @property
-    def verify_tokens(self) -> int:
-        """Tokens per request in one verify step: the anchor plus the draft nodes (SGLang's num_draft_tokens)."""
-        return 1 + self.draft_nodes
-
-    def server_fields(self) -> dict[str, Any]:
-        """The ServerArgs fields DSPARK sets. steps=topk=1 keeps SGLang's per-decode KV reserve at
-        max(steps * topk, num_draft_tokens) = verify_tokens (has_draft_kv is False: no draft KV in SGLang's pool)."""
-        fields = {"speculative_algorithm": NAME, "disable_overlap_schedule": True,
-                  "speculative_num_draft_tokens": self.verify_tokens, "speculative_num_steps": 1,
-                  "speculative_eagle_topk": 1, "enable_mixed_chunk": False}
-        if self.attention_backend is not None:
-            fields["attention_backend"] = self.attention_backend
-        return fields
-
-
-def launch_of(server_args: Any) -> DSparkLaunch:
-    """The plan `prepare` attached (works on the record, a resolving view, or SGLang's plugin recorder)."""
-    launch = getattr(server_args, LAUNCH_ATTR, None)
-    if not isinstance(launch, DSparkLaunch):
-        raise RuntimeError("sgl-dspark: these server args carry no DSpark launch plan (resolved without the "
-                           "plugin's dspark.resolve patch?)")
-    return launch
 
 
 def wants_dspark(server_args: Any) -> bool:

@@ -1,7 +1,8 @@
 """sgl-dspark: DSpark speculative decoding as an SGLang plugin.
 
-The pure core (drafter, tree, sampling, verify, scheduler, calibration, config) imports no SGLang;
-the SGLang seam lives in `scheduler_patch/` and `attention_backends/`.
+The pure core (drafter, tree, sampling, verify, scheduler, calibration, config), the draft worker and the tools
+import no SGLang and nothing from `scheduler_patch/`, the one seam into SGLang (the plugin, its patches and the DSPARK
+worker SGLang's scheduler runs); the attention backends are `attention_backends/`.
 
 Glossary (used the same way in every module):
 - anchor: the last token the target produced; it opens the next draft block and is verified as the root.

@@ -179,12 +179,10 @@ class WorkerMetrics:
     series: Series | None = None  # only with --enable-metrics
 
     @staticmethod
-    def from_server_args(server_args) -> "WorkerMetrics":
-        series = None
-        if getattr(server_args, "enable_metrics", False):
-            name = getattr(server_args, "served_model_name", None) or server_args.model_path
-            series = Series({"model_name": str(name)})
-        return WorkerMetrics(log_interval=int(getattr(server_args, "decode_log_interval", 40) or 40), series=series)
+    def create(log_interval: int, model_name: str | None) -> "WorkerMetrics":
+        """model_name labels DSpark's Prometheus series; None: no series (SGLang's metrics are off)."""
+        series = None if model_name is None else Series({"model_name": model_name})
+        return WorkerMetrics(log_interval=log_interval, series=series)
 
     def observe(self, stats: StepStats) -> None:
         self.window.add(stats)

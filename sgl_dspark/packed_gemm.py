@@ -1,19 +1,14 @@
-"""Linear layers on CPU through oneDNN GEMM on weights packed once at start-up: the target's (and its LM head)
-inside SGLang, and the drafter's in the draft worker.
+"""Linear layers on CPU through oneDNN GEMM on weights packed once at start-up: the drafter's in the draft worker
+here, and the pure kernel the seam puts under the target's layers inside SGLang (scheduler_patch/target_gemm.py).
 
 Why: a verify forward runs 2-16 rows per request, and on CPU the fp32 sgemm that `F.linear` reaches costs 2-4x
 its one-row gemv for 4-12 rows, so verifying a draft looked expensive; oneDNN on pre-packed weights stays within
-~1.3x from 1 to 16 rows (`python benchmarks/gemm.py`). Owns the packing and the quant method that runs it; must
-not change which rows are computed (only the GEMM kernel, whose rounding differs from MKL's like gemm from gemv).
+~1.3x from 1 to 16 rows (`python benchmarks/gemm.py`). Owns the packing and the packed product; imports no SGLang;
+must not change which rows are computed (only the GEMM kernel, whose rounding differs from MKL's like gemm from gemv).
 """
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-# SGLang's quant methods of plain float weights (linear layers; the LM head, which may be the tied embedding)
-PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
 
 
 def onednn_available() -> bool:
@@ -35,21 +30,6 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-class PackedLinearMethod:
-    """A module's quant method whose `apply` (the linear / LM-head product) runs on packed weights; everything else
-    (the embedding lookup of a tied LM head, weight-loading hooks) is the original method's."""
-
-    def __init__(self, inner, packed: torch.Tensor):
-        self.inner = inner
-        self.packed = packed
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return packed_linear(x, self.packed, bias)
-
-    def __getattr__(self, name: str):
-        return getattr(self.__dict__["inner"], name)
 
 
 class PackedLinear(nn.Module):
@@ -83,36 +63,6 @@ def pack_drafter(drafter: nn.Module) -> int:
         drafter.set_lm_projection(lambda hidden: packed_linear(hidden, packed))
         count += 1
     return count
-
-
-@dataclass(frozen=True)
-class PackReport:
-    layers: int  # modules now running on packed weights
-    freed_bytes: int  # original weights released (linear layers; an embedding keeps its table)
-    added_bytes: int  # packed copies kept beside an original that is still needed (the tied LM head)
-
-
-def pack_model(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
-    """Swap the quant method of every plain float linear layer of `model` (and of `lm_head`, when given) for a
-    PackedLinearMethod. Linear layers drop their original weight; the LM head keeps its table (it may be the tied
-    embedding, which looks rows up)."""
-    layers, freed, added = 0, 0, 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        weight = getattr(module, "weight", None)
-        kind = type(method).__name__
-        if kind not in PLAIN_METHODS or not is_float_cpu(weight):
-            continue
-        if kind == "UnquantizedEmbeddingMethod" and module is not lm_head:
-            continue  # an embedding that is not the LM head only looks rows up
-        module.quant_method = PackedLinearMethod(method, pack(weight))
-        layers += 1
-        if kind == "UnquantizedLinearMethod":
-            freed += weight.numel() * weight.element_size()
-            module.weight.data = weight.data.new_empty(0)
-        else:
-            added += weight.numel() * weight.element_size()
-    return PackReport(layers, freed, added)
 
 
 def is_float_cpu(weight) -> bool:

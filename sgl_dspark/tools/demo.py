@@ -10,7 +10,7 @@ import time
 
 import requests
 
-from scheduler_patch.backends import TORCH_BACKEND
+from attention_backends import TORCH_BACKEND
 from sgl_dspark.tools.launch import ServerError, ServerSpec, has_cuda, serving
 from sgl_dspark.tools.models import PrepareError, default_drafter, prepare
 

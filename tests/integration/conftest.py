@@ -45,6 +45,13 @@ def dspark_server(default_model_path, random_drafter_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tokenizer(default_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+@pytest.fixture(scope="session")
 def prompts(default_model_path) -> list[str]:
     """20 prompts: 10 chat prompts sharing one long system prompt (radix-cache hits) and 10 raw/code prompts."""
     from transformers import AutoTokenizer

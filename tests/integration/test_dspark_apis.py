@@ -27,13 +27,6 @@ SHORT_ANSWERS = ["What is 17 times 23?", "What is the boiling point of water in 
                  "Translate 'good morning' into French and Spanish."]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(default_model_path)
-
-
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=600)
 

@@ -117,13 +117,6 @@ def test_penalised_requests_equal_plain(chain_server, plain_sync_server, prompts
     assert emitted > steps
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(default_model_path)
-
-
 def test_min_new_tokens_equals_plain(chain_server, plain_sync_server, tokenizer):
     """Without min_new_tokens the answer ends (EOS) early; with it, EOS is masked on the rows before the minimum."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Reply with one word: yes or no?"}],
@@ -186,3 +179,12 @@ def test_frontend_programs_that_pass_on_plain_pass_on_dspark(hybrid_server, plai
     assert plain["test_decode_json"] == "passed"
     lost = {name: why for name, why in dspark.items() if plain[name] == "passed" and why != "passed"}
     assert not lost, (lost, plain)
+
+
+def test_invalid_grammar_gets_plains_answer_and_the_server_serves_on(hybrid_server, plain_server):
+    bad = {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "regex": "(unclosed"}}
+    got = requests.post(f"{hybrid_server.base_url}/generate", json=bad, timeout=120)
+    want = requests.post(f"{plain_server.base_url}/generate", json=bad, timeout=120)
+    assert (got.status_code, got.json()) == (want.status_code, want.json())
+    assert got.status_code == 400
+    assert generate(hybrid_server.base_url, "Hello", max_new_tokens=4, temperature=0)["meta_info"]["completion_tokens"]

@@ -71,7 +71,8 @@ def wait_for_generation(base_url: str, at_least: int, timeout_s: float = 180) ->
     while time.monotonic() < deadline:
         generate(base_url, "Hello", temperature=0, max_new_tokens=4)
         generation = gauge(base_url, GENERATION)
-        assert generation is not None, f"no {GENERATION} on /metrics: worker.py does not call draft_worker_state"
+        assert generation is not None, (f"no {GENERATION} on /metrics: scheduler_patch/runtime/worker.py does not "
+                                        "call draft_worker_state")
         if generation >= at_least:
             return
         time.sleep(0.5)

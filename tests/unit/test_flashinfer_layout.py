@@ -77,7 +77,8 @@ def tree(parents: list[int]) -> DraftTree:
 
 
 def worker_full_mask(rows, seq_lens: list[int]) -> torch.Tensor:
-    """SGLang's FULL layout as sgl_dspark.worker writes it on GPUs: every prefix column visible, then the block."""
+    """SGLang's FULL layout as the worker (scheduler_patch/runtime/worker.py) writes it on GPUs: every prefix
+    column visible, then the block."""
     return flatten_masks([with_prefix(m, n) for m, n in zip(rows.mask, seq_lens)])
 
 

@@ -9,6 +9,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from scheduler_patch import metrics
+from scheduler_patch.runtime.setup import worker_metrics
 from sgl_dspark.observe import RequestCounts, Series, StepStats, Totals, WorkerMetrics, request_meta, result_counts
 
 # Two steps of a 2-request batch: request 0 drafts 4/5, verifies 3/2 (rows 4/3), accepts 2/1;
@@ -176,7 +177,16 @@ def test_series_record_lengths_and_failures():
     assert value("sglang:dspark_draft_worker_failures_total", cause="dead") == 0  # every cause listed from the start
 
 
-def test_series_exist_only_with_enable_metrics():
-    args = SimpleNamespace(model_path="m", decode_log_interval=7, enable_metrics=False)
-    wm = WorkerMetrics.from_server_args(args)
+def test_series_exist_only_with_a_model_name():
+    wm = WorkerMetrics.create(7, None)
     assert wm.series is None and wm.log_interval == 7
+
+
+@pytest.mark.parametrize("fields, interval, labels", [
+    ({"enable_metrics": False, "decode_log_interval": 7}, 7, None),
+    ({"enable_metrics": True, "decode_log_interval": None}, 40, {"model_name": "m"}),
+    ({"enable_metrics": True, "decode_log_interval": 5, "served_model_name": "served"}, 5, {"model_name": "served"}),
+])
+def test_the_worker_reads_its_metrics_settings_from_sglangs_server_args(fields, interval, labels):
+    wm = worker_metrics(SimpleNamespace(model_path="m", **fields))
+    assert wm.log_interval == interval and (None if wm.series is None else wm.series.labels) == labels

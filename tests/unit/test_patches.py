@@ -13,10 +13,11 @@ from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolving_v
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from scheduler_patch import algorithm, audit, errors, plugin
+from scheduler_patch import algorithm, audit, errors, plugin, target_gemm
 from scheduler_patch import server_args as dspark_args
 from scheduler_patch.backends import TORCH_BACKEND
 from scheduler_patch.errors import StartupError
+from scheduler_patch.launch import LAUNCH_ATTR, launch_of
 from scheduler_patch.patches import Patch, PatchDriftError, apply_all, undo_all
 from sgl_dspark.config import load_config
 from sgl_dspark.drafter import save_drafter
@@ -116,7 +117,7 @@ def plugin_patches():
 
 
 def test_every_plugin_patch_fits_the_pinned_sglang():
-    for patch in plugin.PATCHES:
+    for patch in (*plugin.PATCHES, *target_gemm.PATCHES):  # target_gemm's: applied by the worker, where used
         patch.check()
     assert algorithm.undecided_methods() is None
     assert dspark_args.missing_fields() is None and dspark_args.bookkeeping_pickles() is None
@@ -262,7 +263,7 @@ def test_prepare_declares_what_sglang_needs(target, drafters):
     assert (view.speculative_num_steps, view.speculative_eagle_topk) == (1, 1)
     assert view.disable_overlap_schedule is True and view.enable_mixed_chunk is False
     assert view.attention_backend == TORCH_BACKEND
-    assert dspark_args.launch_of(pickle.loads(pickle.dumps(args))) == launch
+    assert launch_of(pickle.loads(pickle.dumps(args))) == launch
 
 
 def test_max_verify_caps_the_verify_tokens(target, drafters):
@@ -298,12 +299,12 @@ def test_prepare_refuses_with_one_line_naming_the_cause(target, drafters, drafte
     with pytest.raises(StartupError) as info:
         dspark_args.prepare(args)
     assert cause in str(info.value) and "\n" not in str(info.value)
-    assert not hasattr(args, dspark_args.LAUNCH_ATTR)
+    assert not hasattr(args, LAUNCH_ATTR)
 
 
 def test_a_record_without_a_plan_is_refused():
     with pytest.raises(RuntimeError, match="no DSpark launch plan"):
-        dspark_args.launch_of(ServerArgs(model_path="m"))
+        launch_of(ServerArgs(model_path="m"))
 
 
 def test_the_dspark_audit_matches_the_installed_sglang():

@@ -7,9 +7,11 @@ import torch
 
 from sgl_dspark.config import load_config
 from sgl_dspark.cost import StepCostTable, load_cost_table
-from sgl_dspark.profiler import ProfileLimits, SavingScheduler, describe, startup_table, token_counts, verify_shape
 from sgl_dspark.scheduler import PlanInput, StepResult, make_scheduler
 from sgl_dspark.tree import DraftTree
+
+from scheduler_patch.runtime.profiler import (ProfileLimits, SavingScheduler, describe, startup_table, token_counts,
+                                              verify_shape)
 
 TABLE = StepCostTable((1, 8), (0.1, 0.2))
 

@@ -23,15 +23,17 @@ from sgl_dspark.features import refusal
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
 from sgl_dspark.layout import VerifyRows, accept_rows, pack_trees
 from sgl_dspark.lookup import LookupRegistry
-from sgl_dspark.observe import StepStats, WorkerMetrics, result_counts
+from sgl_dspark.observe import StepStats, result_counts
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import PlanInput
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.seeded import seeded_choices, seeded_from_probs
-from sgl_dspark.serving import WorkerSetup, build_setup, start_cost_table
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, verify_batch
+
+from scheduler_patch.launch import launch_of
+from scheduler_patch.runtime.setup import WorkerSetup, build_setup, start_cost_table, worker_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -88,15 +90,13 @@ class DSparkWorker(BaseSpecWorker):
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = self.model_runner.device
-        from scheduler_patch.server_args import launch_of
-
         self.setup: WorkerSetup = build_setup(launch_of(server_args).config, server_args, self.model_runner)
         self.stride = self.setup.max_verify_tokens  # padded row width of the flattened output
         self.speculative_num_draft_tokens = self.stride
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
         self.scheduler = self.setup.scheduler
         self.lookup = LookupRegistry(self.setup.lookup_knobs) if self.setup.config.lookup else None
-        self.metrics = WorkerMetrics.from_server_args(server_args)
+        self.metrics = worker_metrics(server_args)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
         self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
         self.vocab = int(self.model_runner.model_config.vocab_size)

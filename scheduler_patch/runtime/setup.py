@@ -2,6 +2,8 @@
 
 Owns: the DSpark config of this server, the drafter bound to the target's embedding/LM head, the target-side
 feature capture, the draft client, the step-cost table and the verify scheduler. Errors name their cause.
+Reaches into SGLang's model runner and model (their capture hooks, layers, pools); the algorithm it assembles
+comes from sgl_dspark.
 """
 
 import logging
@@ -17,9 +19,12 @@ from sgl_dspark.draft_worker.client import DraftClient
 from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, read_drafter_config
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE
 from sgl_dspark.lookup import LookupKnobs
-from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter, pack_model
-from sgl_dspark.profiler import SavingScheduler, startup_table
+from sgl_dspark.observe import WorkerMetrics
+from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter
 from sgl_dspark.scheduler import Scheduler, make_scheduler
+
+from scheduler_patch.runtime.profiler import SavingScheduler, startup_table
+from scheduler_patch.target_gemm import pack_target
 
 logger = logging.getLogger("sgl_dspark")
 
@@ -141,13 +146,27 @@ def capture_gemma3_residual_stream(model, layer_ids: tuple[int, ...]) -> None:
 
 
 def use_packed_gemm(model) -> None:
-    """The target's linear layers and LM head on oneDNN packed weights (sgl_dspark.packed_gemm)."""
+    """The target's linear layers and LM head on oneDNN packed weights (scheduler_patch/target_gemm.py)."""
     if not onednn_available():
         raise ValueError("--speculative-dspark-cpu-gemm onednn: this torch build has no oneDNN; "
                          "set --speculative-dspark-cpu-gemm native")
-    report = pack_model(model, getattr(model, "lm_head", None))
+    report = pack_target(model, getattr(model, "lm_head", None))
     logger.info("sgl-dspark: %d target linear layers on oneDNN packed weights (%.0f MB freed, %.0f MB added)",
                 report.layers, report.freed_bytes / 2**20, report.added_bytes / 2**20)
+
+
+def log_interval(server_args) -> int:
+    """Decode steps per log line (SGLang's --decode-log-interval): also how often a refitted cost table is saved."""
+    return int(getattr(server_args, "decode_log_interval", 40) or 40)
+
+
+def worker_metrics(server_args) -> WorkerMetrics:
+    """The worker's counters and log line; DSpark's Prometheus series only with --enable-metrics, labelled with the
+    served model name as SGLang labels its own."""
+    name = None
+    if getattr(server_args, "enable_metrics", False):
+        name = str(getattr(server_args, "served_model_name", None) or server_args.model_path)
+    return WorkerMetrics.create(log_interval(server_args), name)
 
 
 def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
@@ -162,8 +181,7 @@ def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
     table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
     scheduler = make_scheduler(config, table)
     if config.cost_table_out:
-        scheduler = SavingScheduler(scheduler, table, config.cost_table_out,
-                                    int(getattr(server_args, "decode_log_interval", 40) or 40),
+        scheduler = SavingScheduler(scheduler, table, config.cost_table_out, log_interval(server_args),
                                     {"model": server_args.model_path, "device": str(model_runner.device)})
     return WorkerSetup(config, drafter_path, drafter_config, server_args.model_path, target, target_weights(model),
                        scheduler, verify_tokens, config.lookup_knobs())

@@ -1,0 +1,92 @@
+"""Patches: the target's linear layers and LM head on oneDNN packed weights (CPU), inside SGLang's own layers.
+
+`pack_target` keeps each plain float linear layer's weight (and the LM head's) packed on the layer (`_dspark_packed`,
+sgl_dspark.packed_gemm); patch `dspark.packed_linear` runs SGLang's UnquantizedLinearMethod.apply of such a layer on
+it, and `dspark.packed_lm_head` runs LogitsProcessor._compute_lm_head of such a head on it. A layer without packed
+weights runs SGLang's code unchanged. The worker applies them at start-up, only for --speculative-dspark-cpu-gemm
+onednn on CPU (all checked before any is applied: SGLang drift stops start-up naming the symbol). Must not change
+which rows are computed (only the GEMM kernel).
+"""
+
+import pkgutil
+from dataclasses import dataclass
+
+from torch import nn
+
+from sgl_dspark.packed_gemm import is_float_cpu, pack, packed_linear
+
+from scheduler_patch.patches import Patch, apply_all, source_lacks
+
+UNQUANT = "sglang.srt.layers.quantization.unquant"
+LINEAR = "sglang.srt.layers.linear"
+LOGITS = "sglang.srt.layers.logits_processor.LogitsProcessor"
+PACKED = "_dspark_packed"  # the packed weight, a plain attribute of the layer (not a parameter or buffer)
+# Upstream source the patches rely on, whitespace-normalised: SGLang's linear layers compute through their quant
+# method's apply, and the LM head's product is its quant method's apply (the call the packed head replaces).
+LINEAR_ROUTES = {
+    f"{LINEAR}.ReplicatedLinear.forward": ("output = self.quant_method.apply(self, x, bias)",),
+    f"{LINEAR}.ColumnParallelLinear.forward": ("self.quant_method.apply(self, input_, bias)",),
+    f"{LINEAR}.RowParallelLinear.forward": ("self.quant_method.apply( self, input_parallel, bias=bias_ )",),
+}
+LM_HEAD_ROUTE = ("logits = quant_method.apply(lm_head, hidden_states, embedding_bias)",)
+
+
+@dataclass(frozen=True)
+class PackReport:
+    layers: int  # modules now running on packed weights
+    freed_bytes: int  # original weights released (linear layers; an embedding keeps its table)
+    added_bytes: int  # packed copies kept beside an original that is still needed (the tied LM head)
+
+
+def pack_target(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
+    """Apply the patches, then pack every plain float linear layer of `model` (and `lm_head`, when given). Linear
+    layers drop their original weight; the LM head keeps its table (it may be the tied embedding, which looks
+    rows up). Only layers whose quant method is exactly SGLang's unquantized one are packed."""
+    apply_all(PATCHES)
+    linear, embedding = (pkgutil.resolve_name(f"{UNQUANT}.{name}")
+                         for name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"))
+    layers, freed, added = 0, 0, 0
+    for module in model.modules():
+        method, weight = getattr(module, "quant_method", None), getattr(module, "weight", None)
+        is_head = type(method) is embedding and module is lm_head  # another embedding only looks rows up
+        if not (type(method) is linear or is_head) or not is_float_cpu(weight):
+            continue
+        vars(module)[PACKED] = pack(weight)
+        layers += 1
+        size = weight.numel() * weight.element_size()
+        if is_head:
+            added += size
+        else:
+            freed += size
+            module.weight.data = weight.data.new_empty(0)
+    return PackReport(layers, freed, added)
+
+
+def _packed_linear(original, self, layer, x, bias=None):
+    packed = vars(layer).get(PACKED)
+    if packed is None:
+        return original(self, layer, x, bias)
+    return packed_linear(x, packed, bias)
+
+
+def _packed_lm_head(original, self, hidden_states, lm_head, embedding_bias=None, **kwargs):
+    packed = vars(lm_head).get(PACKED)
+    if packed is None:
+        return original(self, hidden_states, lm_head, embedding_bias, **kwargs)
+    return packed_linear(hidden_states, packed, embedding_bias)
+
+
+def _linear_layers_route_through_apply() -> str | None:
+    return next(filter(None, (source_lacks(target, snippets) for target, snippets in LINEAR_ROUTES.items())), None)
+
+
+def _lm_head_routes_through_apply() -> str | None:
+    return source_lacks(f"{LOGITS}._compute_lm_head", LM_HEAD_ROUTE)
+
+
+PACKED_LINEAR = Patch("dspark.packed_linear", f"{UNQUANT}.UnquantizedLinearMethod.apply", "method",
+                      ("self", "layer", "x", "bias"), _packed_linear, requires=_linear_layers_route_through_apply)
+PACKED_LM_HEAD = Patch("dspark.packed_lm_head", f"{LOGITS}._compute_lm_head", "method",
+                       ("self", "hidden_states", "lm_head", "embedding_bias", "out"), _packed_lm_head,
+                       requires=_lm_head_routes_through_apply)
+PATCHES = (PACKED_LINEAR, PACKED_LM_HEAD)

@@ -1,0 +1,65 @@
+"""The target's layers on oneDNN packed weights inside SGLang (scheduler_patch/target_gemm.py): SGLang's own
+products up to GEMM rounding, only plain float linear layers and the LM head packed, everything else untouched,
+and the two patches idempotent and undoable."""
+
+import pytest
+import torch
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
+from torch import nn
+from torch.nn import functional as F
+
+from sgl_dspark.packed_gemm import onednn_available
+
+from scheduler_patch import target_gemm
+from scheduler_patch.patches import undo_all
+from scheduler_patch.target_gemm import PACKED, PackReport, pack_target
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+
+
+class Layer(nn.Module):
+    """What pack_target reads of an SGLang layer: its quant method and its weight [out, in]."""
+
+    def __init__(self, method, out: int, seed: int, dtype=torch.float32):
+        super().__init__()
+        self.quant_method = method
+        weight = torch.randn(out, 48, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+
+@pytest.fixture
+def model():
+    layers = nn.ModuleDict({"linear": Layer(UnquantizedLinearMethod(), 96, 0),
+                            "head": Layer(UnquantizedEmbeddingMethod(), 80, 1),
+                            "embed": Layer(UnquantizedEmbeddingMethod(), 80, 2),
+                            "f64": Layer(UnquantizedLinearMethod(), 96, 3, torch.float64)})
+    yield layers
+    undo_all(target_gemm.PATCHES)
+
+
+def test_packed_layers_compute_sglangs_products(model):
+    x = torch.randn(5, 48, generator=torch.Generator().manual_seed(9))
+    want_linear, want_head = x @ model.linear.weight.T, x @ model.head.weight.T
+    report = pack_target(model, model.head)
+    assert report == PackReport(layers=2, freed_bytes=96 * 48 * 4, added_bytes=80 * 48 * 4)
+    assert model.linear.weight.numel() == 0 and model.head.weight.shape == (80, 48)  # the head keeps its table
+    torch.testing.assert_close(model.linear.quant_method.apply(model.linear, x), want_linear, rtol=1e-5, atol=1e-5)
+    logits = LogitsProcessor._compute_lm_head(None, x, model.head)  # the packed head needs no processor state
+    torch.testing.assert_close(logits, want_head, rtol=1e-5, atol=1e-5)
+
+
+def test_only_plain_float_linear_layers_and_the_head_are_packed(model):
+    pack_target(model, model.head)
+    assert PACKED not in vars(model.embed) and PACKED not in vars(model.f64)  # a lookup table; not fp32/bf16
+    x = torch.randn(3, 48, dtype=torch.float64)
+    assert torch.equal(model.f64.quant_method.apply(model.f64, x), F.linear(x, model.f64.weight))
+
+
+def test_the_patches_apply_once_and_undo_to_sglangs_originals(model):
+    originals = [vars(UnquantizedLinearMethod)["apply"], vars(LogitsProcessor)["_compute_lm_head"]]
+    pack_target(model, model.head)
+    pack_target(nn.Module(), None)  # a second model: the patches are already in place
+    assert all(p.applied for p in target_gemm.PATCHES)
+    undo_all(target_gemm.PATCHES)
+    assert [vars(UnquantizedLinearMethod)["apply"], vars(LogitsProcessor)["_compute_lm_head"]] == originals
