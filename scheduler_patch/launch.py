@@ -1,14 +1,19 @@
-"""The launch plan of a DSPARK run and the name DSPARK: what the main process decided, carried on the ServerArgs
-record into every process (`_dspark_launch`, pickled with the record).
+"""The launch record of a DSPARK run and the name DSPARK: everything the main process resolved, carried on the
+ServerArgs record into every process (`_dspark_launch`, pickled with the record).
 
-server_args.py builds the plan; the spec object (algorithm.py) and the worker (runtime/worker.py) read it with
-`launch_of`. Imports nothing else of the seam (so neither reader closes an import loop); must not resolve anything.
+server_args.py reads the files (drafter config.json, calibration, cost table) and builds the record with
+`DSparkLaunch.of`; the spec object (algorithm.py), the worker and its setup (runtime/) read it with `launch_of`
+and derive nothing again. Imports nothing else of the seam (so no reader closes an import loop); reads no files.
 """
 
 import dataclasses
 from typing import Any
 
 from sgl_dspark.config import DSparkConfig
+from sgl_dspark.cost import StepCostTable
+from sgl_dspark.drafter.config import DrafterConfig
+from sgl_dspark.drafter.knobs import DraftKnobs
+from sgl_dspark.lookup import LookupKnobs
 
 NAME = "DSPARK"  # the --speculative-algorithm name this plugin serves (any case)
 LAUNCH_ATTR = "_dspark_launch"
@@ -16,11 +21,25 @@ LAUNCH_ATTR = "_dspark_launch"
 
 @dataclasses.dataclass(frozen=True)
 class DSparkLaunch:
-    """What the main process decided for a DSPARK run; rides on the ServerArgs record into every process."""
+    """What the main process resolved for a DSPARK run, once; rides on the ServerArgs record into every process."""
 
     config: DSparkConfig
+    drafter_path: str  # the drafter checkpoint folder (--speculative-draft-model-path)
+    drafter: DrafterConfig = dataclasses.field(repr=False)  # its config.json, checked against the target
+    draft_knobs: DraftKnobs = dataclasses.field(repr=False)  # the drafter's share of the knobs, with STS temperatures
+    lookup: LookupKnobs | None = dataclasses.field(repr=False)  # the lookup branch's knobs; None: lookup off
     draft_nodes: int  # most draft nodes one request verifies per step, anchor excluded
+    cost_table: StepCostTable | None = dataclasses.field(repr=False)  # the cost_table knob's; None: profile one
     attention_backend: str | None  # declared by the plugin; None: the user's explicit choice stands
+
+    @classmethod
+    def of(cls, config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, attention_backend: str | None,
+           temperatures: tuple[float, ...] = (), cost_table: StepCostTable | None = None) -> "DSparkLaunch":
+        """The record from what was read; the verify width is computed here, once (DSparkConfig.verify_nodes).
+        ValueError if the knobs do not fit the drafter's gamma."""
+        lookup = config.lookup_knobs() if config.lookup else None
+        return cls(config, drafter_path, drafter, config.draft_knobs(temperatures), lookup,
+                   config.verify_nodes(drafter.gamma), cost_table, attention_backend)
 
     @property
     def verify_tokens(self) -> int:
@@ -39,7 +58,7 @@ class DSparkLaunch:
 
 
 def launch_of(server_args: Any) -> DSparkLaunch:
-    """The plan `prepare` attached (works on the record, a resolving view, or SGLang's plugin recorder)."""
+    """The record `prepare` attached (works on the record, a resolving view, or SGLang's plugin recorder)."""
     launch = getattr(server_args, LAUNCH_ATTR, None)
     if not isinstance(launch, DSparkLaunch):
         raise RuntimeError("sgl-dspark: these server args carry no DSpark launch plan (resolved without the "

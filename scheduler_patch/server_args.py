@@ -3,9 +3,9 @@
 Patches: `dspark.cli_flags` adds `--speculative-dspark-preset` and one flag per DSparkConfig knob to SGLang's
 parser; `dspark.cli_values` keeps the given ones on the ServerArgs record (`_dspark_flags`: bookkeeping, which
 ServerArgs pickles to the scheduler); `dspark.resolve` runs `prepare` before SGLang's resolution pipeline: build
-the config, refuse what we do not support, check the drafter against the target (StartupError, one line naming
-the flag or field), declare the fields SGLang needs, and attach the plan (launch.py: `_dspark_launch`, read by
-`launch_of`). Must not load weights or create workers.
+the config, refuse what we do not support, read and check the drafter against the target, read the calibration
+and the cost table (StartupError, one line naming the flag or field), declare the fields SGLang needs, and attach
+the launch record (launch.py: `_dspark_launch`, read by `launch_of`). Must not load weights or create workers.
 """
 
 import argparse
@@ -15,7 +15,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from sgl_dspark.calibration import drafter_temperatures
 from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag, config_from_flags
+from sgl_dspark.cost import StepCostTable, load_cost_table
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target
 
@@ -55,7 +57,7 @@ def prepare(record: Any) -> DSparkLaunch:
     device = _device(cfg)
     root = _drafter_dir(cfg.speculative_draft_model_path)
     drafter = _drafter(root, _target(cfg))
-    launch = DSparkLaunch(config, _draft_nodes(config, drafter), _attention_backend(cfg, device))
+    launch = _launch(config, cfg.speculative_draft_model_path, drafter, _attention_backend(cfg, device))
     _refuse_conflicts(cfg, launch)
     if cfg.enable_mixed_chunk:
         logger.warning("sgl-dspark: --enable-mixed-chunk is turned off for DSPARK")
@@ -144,11 +146,26 @@ def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
     return drafter
 
 
-def _draft_nodes(config: DSparkConfig, drafter: DrafterConfig) -> int:
+def _launch(config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, backend: str | None) -> DSparkLaunch:
+    temperatures, table = _temperatures(config, drafter_path), _cost_table(config)
     try:
-        return config.verify_nodes(drafter.gamma)
+        return DSparkLaunch.of(config, drafter_path, drafter, backend, temperatures, table)
     except ValueError as e:
         raise StartupError(f"DSpark config does not fit the drafter (block_size {drafter.gamma}): {e}") from e
+
+
+def _temperatures(config: DSparkConfig, drafter_path: str) -> tuple[float, ...]:
+    try:
+        return drafter_temperatures(config.calibration, drafter_path)
+    except ValueError as e:
+        raise StartupError(f"DSpark config: {e}") from e
+
+
+def _cost_table(config: DSparkConfig) -> StepCostTable | None:
+    try:
+        return load_cost_table(config.cost_table) if config.cost_table else None
+    except ValueError as e:
+        raise StartupError(f"DSpark config: {e}") from e
 
 
 def _attention_backend(cfg: Any, device: str) -> str | None:

@@ -188,3 +188,12 @@ def _report_from_json(doc: object, k: int, path: str | Path) -> CalibrationRepor
             not isinstance(doc[n], list) or len(doc[n]) != k for n in names):
         raise ValueError(f"calibration {path}: 'report' must be null or hold {names}, each a list of {k} values")
     return CalibrationReport(**{n: tuple(math.nan if v is None else v for v in doc[n]) for n in names})
+
+
+def drafter_temperatures(knob: str | None, drafter_path: str | Path) -> tuple[float, ...]:
+    """The STS temperatures the server drafts with: from the calibration knob's file, else from the
+    `calibration.json` that `python -m sgl_dspark.training.calibrate` wrote beside the drafter, else () (raw
+    confidences). A bad file raises ValueError naming it."""
+    beside = Path(drafter_path) / "calibration.json"
+    path = knob if knob is not None else (beside if beside.is_file() else None)
+    return () if path is None else tuple(load_calibration(path).temperatures.tolist())

@@ -1,5 +1,5 @@
-"""Batch layout of one verify step: trees packed into SGLang's fixed-width verify rows, and the accepted
-paths unpacked into its accept layout.
+"""Batch layout of one verify step: trees packed into SGLang's fixed-width verify rows, the verify batch those
+rows make (the mask flattened as SGLang's custom mask), and the accepted paths unpacked into its accept layout.
 
 Every request gets `width` rows (its tree, then padding nodes hanging off the root that are never
 accepted); the tree mask is [bs, width, width] (prefix columns implied). Pure torch; no SGLang imports.
@@ -19,6 +19,17 @@ class VerifyRows:
     positions: torch.Tensor  # [bs * width] int64
     mask: torch.Tensor  # [bs, width, width] bool: row i may attend to verify row j
     sizes: torch.Tensor  # [bs] int64 real nodes per request (the rest is padding)
+    width: int
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    """What one step's verify forward runs on (scheduler_patch/runtime/verify_batch.py puts it on SGLang's batch)."""
+
+    tokens: torch.Tensor  # [bs * width] int64 verify rows, request after request
+    positions: torch.Tensor  # [bs * width] int64
+    mask: torch.Tensor  # flattened bool, request after request: [width, width] each, or [width, seq_len + width]
+    # with the prefix columns (all True) first
     width: int
 
 
@@ -50,6 +61,19 @@ def pack_trees(trees: list[DraftTree], seq_lens: list[int], width: int | None = 
         masks.append(ancestor_mask(parents))
     sizes = torch.tensor([t.size for t in trees], dtype=torch.long)
     return VerifyRows(torch.cat(tokens), torch.cat(positions), torch.stack(masks), sizes, width)
+
+
+def verify_batch_of(rows: VerifyRows, seq_lens: list[int], prefix_columns: bool) -> VerifyBatch:
+    """The packed rows as the verify forward takes them; `prefix_columns`: the attention backend wants each mask row
+    to cover the request's cached prefix too (GPUs), else the draft block only (CPU).
+
+    Example: one chain [5, 6] after 3 cached tokens, width 2: mask [1, 0, 1, 1] without prefix columns,
+    [1, 1, 1, 1, 0, 1, 1, 1, 1, 1] with them."""
+    if not prefix_columns:
+        return VerifyBatch(rows.tokens, rows.positions, rows.mask.flatten(), rows.width)
+    parts = [torch.cat([torch.ones(rows.width, n, dtype=torch.bool), m], 1).flatten()
+             for m, n in zip(rows.mask, seq_lens)]
+    return VerifyBatch(rows.tokens, rows.positions, torch.cat(parts), rows.width)
 
 
 def accept_rows(results: list[VerifyResult], width: int, stride: int) -> AcceptRows:

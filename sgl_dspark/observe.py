@@ -6,6 +6,8 @@ these counts inside SGLang is scheduler_patch/metrics.py.
 """
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +29,38 @@ class StepStats:
     verify_s: float  # target forward wall time
     commit_s: float  # acceptance + KV commit wall time
     drafted_ahead: int = 0  # requests whose draft was made ahead (during the previous step's tail)
+
+
+@dataclass
+class StepClock:
+    """When one decode step started, finished drafting (draft, plan, pack) and finished the target's verify forward;
+    the worker marks the two ends between its named steps, never inside them."""
+
+    clock: Callable[[], float] = time.perf_counter
+    start: float = field(init=False)
+    drafted: float = field(init=False)
+    verified: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.drafted = self.verified = self.clock()
+
+    def mark_drafted(self) -> None:
+        self.drafted = self.clock()
+
+    def mark_verified(self) -> None:
+        self.verified = self.clock()
+
+    @property
+    def draft_s(self) -> float:
+        return self.drafted - self.start
+
+    @property
+    def verify_s(self) -> float:
+        return self.verified - self.drafted
+
+    def since_verified(self) -> float:
+        """Seconds from the end of the verify forward to now (acceptance, commit and the step's tail)."""
+        return self.clock() - self.verified
 
 
 # -- per-request counts: worker -> SGLang's GenerationBatchResult -> Req -> tokenizer meta_info ---------------

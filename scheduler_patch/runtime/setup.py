@@ -1,28 +1,26 @@
-"""What the SGLang worker is built from, assembled once at start-up from the server args and the target.
+"""What the SGLang worker is built from, assembled once at start-up from the launch record and the target.
 
-Owns: the DSpark config of this server, the drafter bound to the target's embedding/LM head, the target-side
-feature capture, the draft client, the step-cost table and the verify scheduler. Errors name their cause.
+Owns: the drafter bound to the target's embedding/LM head, the target-side feature capture, the draft client, the
+step-cost table and the verify scheduler. Resolves nothing the launch record (scheduler_patch/launch.py) holds:
+the config, the drafter's config, the knobs and the verify width come from it. Errors name their cause.
 Reaches into SGLang's model runner and model (their capture hooks, layers, pools); the algorithm it assembles
 comes from sgl_dspark.
 """
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from sgl_dspark.calibration import load_calibration
 from sgl_dspark.config import DSparkConfig
-from sgl_dspark.cost import StepCostTable, from_measurements, load_cost_table
+from sgl_dspark.cost import StepCostTable, from_measurements
 from sgl_dspark.draft_worker.client import DraftClient
-from sgl_dspark.drafter import DrafterConfig, TargetSpec, TargetWeights, check_fits_target, read_drafter_config
-from sgl_dspark.drafter.checkpoint import CONFIG_FILE
-from sgl_dspark.lookup import LookupKnobs
+from sgl_dspark.drafter import TargetSpec, TargetWeights
 from sgl_dspark.observe import WorkerMetrics
 from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter
 from sgl_dspark.scheduler import Scheduler, make_scheduler
 
+from scheduler_patch.launch import DSparkLaunch
 from scheduler_patch.runtime.profiler import SavingScheduler, startup_table
 from scheduler_patch.target_gemm import pack_target
 
@@ -37,34 +35,35 @@ PRIOR_STEP_S = 0.07
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    config: DSparkConfig
-    drafter_path: str
-    drafter_config: DrafterConfig
+    launch: DSparkLaunch  # everything the main process resolved (config, drafter config, knobs, verify width)
     target_path: str
     target: TargetSpec
     target_weights: TargetWeights  # the running target's own tensors (used only by the in-process client)
     scheduler: Scheduler
-    max_verify_tokens: int  # root + most draft nodes one request can verify in a step
-    lookup_knobs: LookupKnobs
+
+    @property
+    def config(self) -> DSparkConfig:
+        return self.launch.config
 
     def make_client(self, num_slots: int, seed: int) -> DraftClient:
         """The draft worker process (or, with draft_process=false, an in-process drafter)."""
+        launch = self.launch
         if not self.config.draft_process:
             from sgl_dspark.draft_worker.local import LocalDraftClient
             from sgl_dspark.drafter import load_drafter
 
             dtype = getattr(torch, self.draft_dtype)
             weights = TargetWeights(self.target_weights.embed.to(dtype), self.target_weights.lm_head.to(dtype))
-            drafter = load_drafter(self.drafter_path, self.target, weights, dtype)
+            drafter = load_drafter(launch.drafter_path, self.target, weights, dtype)
             if self.config.cpu_gemm == "onednn":
                 pack_drafter(drafter)
-            return LocalDraftClient(drafter, self.draft_knobs(), num_slots, seed)
+            return LocalDraftClient(drafter, launch.draft_knobs, num_slots, seed)
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
         gemm = self.config.cpu_gemm if onednn_available() else "native"  # the kernel only: same drafts
-        return ProcessDraftClient(WorkerSettings(self.drafter_path, self.target_path, self.target,
-                                                 self.draft_knobs(), num_slots, seed=seed,
-                                                 dtype=self.draft_dtype, gemm=gemm))
+        return ProcessDraftClient(WorkerSettings(launch.drafter_path, self.target_path, self.target,
+                                                 launch.draft_knobs, num_slots, seed=seed,
+                                                 dtype=self.draft_dtype, gemm=gemm, drafter_config=launch.drafter))
 
     @property
     def draft_dtype(self) -> str:
@@ -72,30 +71,6 @@ class WorkerSetup:
         if self.config.draft_dtype != "auto":
             return self.config.draft_dtype
         return "bfloat16" if cpu_bf16_fast() else "float32"
-
-    def draft_knobs(self):
-        path = calibration_path(self.config, self.drafter_path)
-        temps = () if path is None else tuple(load_calibration(path).temperatures.tolist())
-        return self.config.draft_knobs(temps)
-
-
-def calibration_path(config: DSparkConfig, drafter_path: str) -> str | None:
-    """The calibration knob, else the `calibration.json` that `python -m sgl_dspark.training.calibrate` wrote beside
-    the drafter, else None (raw confidences)."""
-    if config.calibration is not None:
-        return config.calibration
-    beside = Path(drafter_path) / "calibration.json"
-    return str(beside) if beside.is_file() else None
-
-
-def fitting_drafter_config(path: str, target: TargetSpec) -> DrafterConfig:
-    """The drafter checkpoint's config, checked against the target; one-line ValueError naming the cause."""
-    if not (Path(path) / CONFIG_FILE).is_file():
-        raise ValueError(f"drafter checkpoint {path!r} has no {CONFIG_FILE} (set --speculative-draft-model-path "
-                         f"to a DSpark drafter folder)")
-    config = read_drafter_config(path)
-    check_fits_target(config, target)
-    return config
 
 
 def prior_cost_table() -> StepCostTable:
@@ -169,22 +144,19 @@ def worker_metrics(server_args) -> WorkerMetrics:
     return WorkerMetrics.create(log_interval(server_args), name)
 
 
-def build_setup(config: DSparkConfig, server_args, model_runner) -> WorkerSetup:
+def build_setup(launch: DSparkLaunch, server_args, model_runner) -> WorkerSetup:
+    config = launch.config
     target = TargetSpec.from_hf_config(model_runner.model_config.hf_config.to_dict())
-    drafter_path = server_args.speculative_draft_model_path
-    drafter_config = fitting_drafter_config(drafter_path, target)
     model = model_runner.model
-    capture_target_features(model, drafter_config.target_layer_ids, target.num_hidden_layers)
+    capture_target_features(model, launch.drafter.target_layer_ids, target.num_hidden_layers)
     if str(model_runner.device) == "cpu" and config.cpu_gemm == "onednn":
         use_packed_gemm(model)
-    verify_tokens = 1 + config.verify_nodes(drafter_config.gamma)
-    table = load_cost_table(config.cost_table) if config.cost_table else prior_cost_table()
+    table = launch.cost_table or prior_cost_table()
     scheduler = make_scheduler(config, table)
     if config.cost_table_out:
         scheduler = SavingScheduler(scheduler, table, config.cost_table_out, log_interval(server_args),
                                     {"model": server_args.model_path, "device": str(model_runner.device)})
-    return WorkerSetup(config, drafter_path, drafter_config, server_args.model_path, target, target_weights(model),
-                       scheduler, verify_tokens, config.lookup_knobs())
+    return WorkerSetup(launch, server_args.model_path, target, target_weights(model), scheduler)
 
 
 def start_cost_table(setup: WorkerSetup, model_runner) -> None:
@@ -193,6 +165,6 @@ def start_cost_table(setup: WorkerSetup, model_runner) -> None:
     config, scheduler = setup.config, setup.scheduler
     table = getattr(scheduler, "cost_table", None) or prior_cost_table()
     if not config.cost_table and (config.scheduler != "off" or config.cost_table_out):
-        table = startup_table(model_runner, setup.max_verify_tokens, table)
+        table = startup_table(model_runner, setup.launch.verify_tokens, table)
     if hasattr(scheduler, "cost_table"):  # the "off" scheduler has none (unless wrapped to save one)
         scheduler.cost_table = table

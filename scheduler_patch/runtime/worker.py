@@ -1,39 +1,41 @@
 """The SGLang-facing DSpark worker (SGLang's V2 speculative-worker interface), CPU and GPU.
 
 A decode step reads as: draft (draft client) -> plan (prefix scheduler) -> pack (verify rows + tree mask)
--> verify (target forward, lossless acceptance) -> commit (keep the accepted path's KV, feed the drafter its
-features) -> observe (step cost, metrics). It composes those parts and owns no algorithm itself.
+-> verify (the target's forward on the verify batch) -> constrain/accept (plain decoding's logit transforms,
+lossless acceptance, logprobs) -> commit (keep the accepted path's KV, feed the drafter its features) -> observe
+(lookup statistics, trace, step cost, metrics). It composes those parts and owns no algorithm itself.
 """
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
 
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from sgl_dspark.constraints import Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks, scaling_rows
+from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks,
+                                   scaling_rows)
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.layout import VerifyRows, accept_rows, pack_trees
+from sgl_dspark.layout import AcceptRows, VerifyRows, accept_rows, pack_trees, verify_batch_of
 from sgl_dspark.lookup import LookupRegistry
-from sgl_dspark.observe import StepStats, result_counts
+from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.scheduler import PlanInput
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.seeded import seeded_choices, seeded_from_probs
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import VerifyInput, verify_batch
+from sgl_dspark.verify import VerifyInput, VerifyResult, verify_batch
 
 from scheduler_patch.launch import launch_of
 from scheduler_patch.runtime.setup import WorkerSetup, build_setup, start_cost_table, worker_metrics
+from scheduler_patch.runtime.verify_batch import verifying
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +92,13 @@ class DSparkWorker(BaseSpecWorker):
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = self.model_runner.device
-        self.setup: WorkerSetup = build_setup(launch_of(server_args).config, server_args, self.model_runner)
-        self.stride = self.setup.max_verify_tokens  # padded row width of the flattened output
+        self.launch = launch_of(server_args)
+        self.setup: WorkerSetup = build_setup(self.launch, server_args, self.model_runner)
+        self.stride = self.launch.verify_tokens  # padded row width of the flattened output
         self.speculative_num_draft_tokens = self.stride
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
         self.scheduler = self.setup.scheduler
-        self.lookup = LookupRegistry(self.setup.lookup_knobs) if self.setup.config.lookup else None
+        self.lookup = None if self.launch.lookup is None else LookupRegistry(self.launch.lookup)
         self.metrics = worker_metrics(server_args)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
         self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
@@ -176,41 +179,58 @@ class DSparkWorker(BaseSpecWorker):
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 
-    # -- decode: draft -> plan -> pack -> verify -> commit -> observe --------------------------------------
+    # -- decode: draft -> plan -> pack -> verify -> constrain/accept -> commit -> observe -------------------
 
     def decode(self, batch, on_publish):
-        start, hits = time.perf_counter(), self.client.ahead_hits
-        step = self.draft_and_plan(batch)
-        drafted_at = time.perf_counter()
-        self.prepare_verify(batch, step)
-        out = self.target_worker.forward_batch_generation(batch, is_verify=True)
-        verified_at = time.perf_counter()
-        self.constrain(batch, step, out.logits_output.next_token_logits)
-        results = self.verify(batch, step, out.logits_output.next_token_logits)
-        accepted = accept_rows(results, step.rows.width, self.stride)
-        if batch.return_logprob:
-            self.logprobs(batch, out.logits_output, accepted, step.rows.width)
-        new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
+        clock, hits = StepClock(), self.client.ahead_hits
+        step = self.draft_and_plan(batch)  # draft -> plan -> pack
+        clock.mark_drafted()
+        with verifying(batch, verify_batch_of(step.rows, step.seq_lens, self.full_mask),
+                       self.req_to_token_pool.req_to_token, self.device):  # a verify batch in here only
+            out = self.target_worker.forward_batch_generation(batch, is_verify=True)  # verify: the target's forward
+            clock.mark_verified()
+            results, accepted = self.accept(batch, step, out.logits_output)
+            new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
         if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
             self.draft_ahead(batch, new_seq_lens, accepted)
         self.learn_lookup(batch, step, results)
+        self.trace(batch, step, results)
+        out.logits_output.hidden_states = None
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self.observe(step, accepted, clock, hits)
+        return self.step_result(step, out.logits_output, accepted, new_seq_lens)
+
+    def accept(self, batch, step: DecodeStep, logits_output) -> tuple[list[VerifyResult], AcceptRows]:
+        """Plain decoding's transforms on the verify logits first (acceptance and logprobs both see them), then
+        lossless acceptance, then the emitted tokens' logprobs."""
+        self.constrain(batch, step, logits_output.next_token_logits)
+        results = self.verify(batch, step, logits_output.next_token_logits)
+        accepted = accept_rows(results, step.rows.width, self.stride)
+        if batch.return_logprob:
+            self.logprobs(batch, logits_output, accepted, step.rows.width)
+        return results, accepted
+
+    def trace(self, batch, step: DecodeStep, results: list[VerifyResult]) -> None:
         if self.tracer is not None:
             self.tracer.write([step_trace(req.rid, g, n, r)
                                for req, g, n, r in zip(batch.reqs, step.trees, step.drafted, results)])
-        out.logits_output.hidden_states = None
-        batch.forward_mode = ForwardMode.DECODE
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        self.scheduler.observe(StepResult(step.rows.tokens.numel(), verified_at - drafted_at))
+
+    def observe(self, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int) -> None:
+        """The step's cost to the scheduler (its online refit), its statistics to the metrics."""
+        self.scheduler.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
         self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
-                                       drafted_at - start, verified_at - drafted_at,
-                                       time.perf_counter() - verified_at, self.client.ahead_hits - hits))
+                                       clock.draft_s, clock.verify_s, clock.since_verified(),
+                                       self.client.ahead_hits - hits))
         self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,
                                         0 if self.lookup is None else len(self.lookup.entries))
+
+    def step_result(self, step: DecodeStep, logits_output, accepted: AcceptRows,
+                    new_seq_lens: torch.Tensor) -> GenerationBatchResult:
         cap_lens, block_accept_lens = result_counts(step.drafted, step.rows.sizes)
         return GenerationBatchResult(
             cap_lens=cap_lens.to(self.device), block_accept_lens=block_accept_lens.to(self.device),
-            logits_output=out.logits_output, next_token_ids=accepted.tokens.flatten().to(self.device),
+            logits_output=logits_output, next_token_ids=accepted.tokens.flatten().to(self.device),
             accept_lens=accepted.accept_lens.to(self.device), new_seq_lens=new_seq_lens,
             next_draft_input=self.relay(new_seq_lens, accepted.tokens, accepted.accept_lens),
             can_run_cuda_graph=False, speculative_num_draft_tokens=self.stride)
@@ -226,7 +246,7 @@ class DSparkWorker(BaseSpecWorker):
         plan = self.scheduler.plan(PlanInput(tuple(g.tree for g in blocks)))
         selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
         widest = max(g.tree.size for g in selected)
-        if widest > self.stride:  # never write past the KV SGLang reserved (1 + config.verify_nodes per request)
+        if widest > self.stride:  # never write past the KV SGLang reserved (launch.verify_tokens per request)
             logger.error("sgl-dspark: a block of %d rows exceeds the reserved verify width %d; this step verifies "
                          "no drafts", widest, self.stride)
             selected = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
@@ -287,29 +307,6 @@ class DSparkWorker(BaseSpecWorker):
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 
-    def prepare_verify(self, batch, step: DecodeStep) -> None:
-        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-
-        rows, bs = step.rows, len(batch.reqs)
-        batch.forward_mode = ForwardMode.TARGET_VERIFY
-        batch.input_ids = rows.tokens.to(self.device)
-        batch.out_cache_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices, req_to_token=self.req_to_token_pool.req_to_token,
-            start_offset=batch.seq_lens, end_offset=batch.seq_lens + rows.width, batch_size=bs,
-            draft_token_num=rows.width, device=self.device)
-        spec = NgramVerifyInput(draft_token=batch.input_ids, custom_mask=self.flat_mask(rows, step.seq_lens),
-                                positions=rows.positions.to(self.device), draft_token_num=rows.width)
-        spec.capture_hidden_mode = CaptureHiddenMode.FULL
-        batch.spec_info = spec
-
-    def flat_mask(self, rows: VerifyRows, seq_lens: list[int]) -> torch.Tensor:
-        """SGLang's flattened custom mask: draft block only on CPU, prefix columns included on GPUs."""
-        if not self.full_mask:
-            return rows.mask.flatten().to(self.device)
-        parts = [torch.cat([torch.ones(rows.width, n, dtype=torch.bool), m], 1).flatten()
-                 for m, n in zip(rows.mask, seq_lens)]
-        return torch.cat(parts).to(self.device)
-
     def constrain(self, batch, step: DecodeStep, logits: torch.Tensor) -> None:
         """Plain decoding's logit transforms (penalties, grammar mask, logit bias, custom logit processor) on every
         verify row as if its path had been generated (sgl_dspark.constraints), in place, so acceptance and logprobs
@@ -363,7 +360,7 @@ class DSparkWorker(BaseSpecWorker):
         predict[index[kept]] = accepted.tokens[:, :width][kept]
         compute_spec_logprobs(batch, logits_output, predict.to(device), accept_index=index.to(device))
 
-    def commit(self, batch, step: DecodeStep, accepted, hidden: torch.Tensor) -> torch.Tensor:
+    def commit(self, batch, step: DecodeStep, accepted: AcceptRows, hidden: torch.Tensor) -> torch.Tensor:
         """Move the accepted path's KV to the front of each request's verify window, and give the drafter the
         features of those rows at their final slots."""
         width = step.rows.width

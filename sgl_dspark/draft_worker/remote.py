@@ -24,7 +24,7 @@ from sgl_dspark.draft_worker.messages import Ack, Error, Init, Message, Propose,
 from sgl_dspark.draft_worker.reply import ReplyLimits, garbled, unpack
 from sgl_dspark.draft_worker.shm import ALIGN, DEFAULT_DIR, DTYPES, GrowingArena, arena_prefix, space
 from sgl_dspark.drafter.checkpoint import read_drafter_config
-from sgl_dspark.drafter.config import TargetSpec
+from sgl_dspark.drafter.config import DrafterConfig, TargetSpec
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.tree import DraftTree
 
@@ -82,6 +82,7 @@ class WorkerSettings:
     stop_timeout_s: float = 5.0  # Shutdown -> exit, then SIGKILL
     restart_backoff_s: tuple[float, float] = (0.5, 30.0)  # first and longest wait before a restart attempt
     max_restart_attempts: int = 8  # consecutive failed starts before the supervisor gives up
+    drafter_config: DrafterConfig | None = None  # the drafter's config.json as the launch read it; None: read it
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES or self.num_slots < 1 or self.torch_threads < 1:
@@ -100,8 +101,8 @@ def reply_bytes(batch: int, tree_size: int, vocab: int) -> int:
 
 
 def arena_sizes(settings: WorkerSettings) -> tuple[int, int]:
-    """(request, reply) initial arena bytes, from the drafter's config.json and the step limits."""
-    cfg = read_drafter_config(settings.drafter_path)
+    """(request, reply) initial arena bytes, from the drafter's config and the step limits."""
+    cfg = settings.drafter_config or read_drafter_config(settings.drafter_path)
     request = settings.max_step_tokens * (4 * cfg.num_features * cfg.hidden_size + 16) + 4 * ALIGN
     tree_size = settings.knobs.resolve(cfg.gamma).max_nodes + 1
     return request, reply_bytes(settings.max_batch, tree_size, cfg.vocab_size)

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from scheduler_patch import metrics
 from scheduler_patch.runtime.setup import worker_metrics
-from sgl_dspark.observe import RequestCounts, Series, StepStats, Totals, WorkerMetrics, request_meta, result_counts
+from sgl_dspark.observe import (RequestCounts, Series, StepClock, StepStats, Totals, WorkerMetrics, request_meta,
+                               result_counts)
 
 # Two steps of a 2-request batch: request 0 drafts 4/5, verifies 3/2 (rows 4/3), accepts 2/1;
 # request 1 drafts 2/0, verifies 2/0 (rows 3/1), accepts 3/1.
@@ -190,3 +191,11 @@ def test_series_exist_only_with_a_model_name():
 def test_the_worker_reads_its_metrics_settings_from_sglangs_server_args(fields, interval, labels):
     wm = worker_metrics(SimpleNamespace(model_path="m", **fields))
     assert wm.log_interval == interval and (None if wm.series is None else wm.series.labels) == labels
+
+
+def test_the_step_clock_splits_a_step_at_its_two_marks():
+    ticks = iter([1.0, 1.5, 3.5, 4.0])
+    clock = StepClock(lambda: next(ticks))
+    clock.mark_drafted()
+    clock.mark_verified()
+    assert (clock.draft_s, clock.verify_s, clock.since_verified()) == (0.5, 2.0, 0.5)

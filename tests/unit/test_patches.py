@@ -271,6 +271,24 @@ def test_max_verify_caps_the_verify_tokens(target, drafters):
     assert launch.verify_tokens == 3
 
 
+def test_prepare_reads_the_drafter_the_calibration_and_the_cost_table_into_the_launch(target, drafters, tmp_path):
+    calibration, table = tmp_path / "cal.json", tmp_path / "cost.json"
+    calibration.write_text(json.dumps({"temperatures": [1.5, 2.0]}))
+    table.write_text(json.dumps({"tokens": [1, 8], "seconds": [0.05, 0.08]}))
+    launch = dspark_args.prepare(record(target, drafters["fits"], {"speculative_dspark_calibration": str(calibration),
+                                                                   "speculative_dspark_cost_table": str(table)}))
+    assert launch.drafter.gamma == 4 and launch.drafter_path == str(drafters["fits"])
+    assert launch.draft_knobs.confidence_temperatures == (1.5, 2.0)
+    assert launch.cost_table.tokens == (1, 8)
+
+
+def test_a_bad_cost_table_is_refused_at_start_up(target, drafters, tmp_path):
+    table = tmp_path / "cost.json"
+    table.write_text(json.dumps({"tokens": [1]}))
+    with pytest.raises(StartupError, match="step-cost table .*'tokens' and 'seconds'"):
+        dspark_args.prepare(record(target, drafters["fits"], {"speculative_dspark_cost_table": str(table)}))
+
+
 def test_our_handle_server_args_redeclares_through_sglangs_recorder(target, drafters):
     args = record(target, drafters["fits"])
     launch = dspark_args.prepare(args)

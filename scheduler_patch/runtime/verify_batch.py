@@ -1,0 +1,39 @@
+"""The one place a decode step's verify batch (sgl_dspark.layout.VerifyBatch) is put on SGLang's ScheduleBatch and
+taken off again.
+
+Inside `verifying` the batch is a TARGET_VERIFY batch (its input ids, KV slots and spec info those of the verify
+rows) for the target's forward and the commit; after it, a decode batch again. SGLang sets input ids, KV slots and
+spec info anew before the next forward, so only the forward mode is turned back. Must not run the target.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+from sgl_dspark.layout import VerifyBatch
+
+
+@contextmanager
+def verifying(batch, verify: VerifyBatch, req_to_token: torch.Tensor, device) -> Iterator[None]:
+    """SGLang's `batch` carries `verify` inside the block: each request's verify rows get the KV slots just past its
+    cached tokens (req_to_token columns seq_len .. seq_len + width), and hidden states are captured for the drafter."""
+    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+
+    batch.forward_mode = ForwardMode.TARGET_VERIFY
+    batch.input_ids = verify.tokens.to(device)
+    batch.out_cache_loc = assign_extend_cache_locs_func(
+        req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token,
+        start_offset=batch.seq_lens, end_offset=batch.seq_lens + verify.width, batch_size=len(batch.reqs),
+        draft_token_num=verify.width, device=device)
+    spec = NgramVerifyInput(draft_token=batch.input_ids, custom_mask=verify.mask.to(device),
+                            positions=verify.positions.to(device), draft_token_num=verify.width)
+    spec.capture_hidden_mode = CaptureHiddenMode.FULL
+    batch.spec_info = spec
+    try:
+        yield
+    finally:
+        batch.forward_mode = ForwardMode.DECODE
