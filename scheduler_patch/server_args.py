@@ -51,11 +51,11 @@ def prepare(record: Any) -> DSparkLaunch:
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
     cfg = resolving_view(record)
-    config = _config(getattr(record, FLAGS_ATTR, None) or {})
     _refuse_unsupported(cfg)
     _refuse_builtin_flags(cfg)
     device = _device(cfg)
     root = _drafter_dir(cfg.speculative_draft_model_path)
+    config = _config(getattr(record, FLAGS_ATTR, None) or {}, root)
     drafter = _drafter(root, _target(cfg))
     launch = _launch(config, cfg.speculative_draft_model_path, drafter, _attention_backend(cfg, device))
     _refuse_conflicts(cfg, launch)
@@ -67,9 +67,10 @@ def prepare(record: Any) -> DSparkLaunch:
     return launch
 
 
-def _config(flags: dict[str, Any]) -> DSparkConfig:
+def _config(flags: dict[str, Any], drafter_dir: Path | None = None) -> DSparkConfig:
+    """The knobs: configs/default.json <- the drafter folder's recommended.json <- the preset <- the flags."""
     try:
-        config = config_from_flags(flags)
+        config = config_from_flags(flags, drafter_dir)
     except ValueError as e:
         raise StartupError(str(e)) from e
     for knob in PATH_KNOBS:

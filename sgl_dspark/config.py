@@ -151,21 +151,29 @@ KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
 assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"
 
 
-def load_config(preset: str | Path = DEFAULT_PRESET, overrides: Mapping[str, Any] | None = None) -> DSparkConfig:
-    """The one builder: configs/default.json <- the preset <- overrides (later wins).
+def load_config(preset: str | Path = DEFAULT_PRESET, overrides: Mapping[str, Any] | None = None,
+                recommended: Path | None = None) -> DSparkConfig:
+    """The one builder: configs/default.json <- the drafter's recommended knobs <- the preset <- overrides (later
+    wins).
 
     preset: a name in configs/ ("chain", "tree", ...) or a path to a JSON file.
     overrides: knob -> value (e.g. from `cli_overrides`); None values are ignored (flag not given).
+    recommended: a drafter folder's RECOMMENDED_FILE (the knobs measured best for that drafter); skipped when absent.
     """
     merged = _check_known(read_preset(preset_path(DEFAULT_PRESET)), "configs/default.json")
     missing = sorted(set(KNOBS) - merged.keys())
     if missing:
         raise ValueError(f"DSpark config: configs/default.json must set every knob; missing {missing}")
+    if recommended is not None and recommended.is_file():
+        merged |= _check_known(read_preset(recommended), str(recommended))
     if str(preset) != DEFAULT_PRESET:
         merged |= _check_known(read_preset(preset_path(preset)), f"preset {preset}")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     merged |= _check_known(given, "overrides")
     return DSparkConfig(**merged)
+
+
+RECOMMENDED_FILE = "recommended.json"  # in a drafter folder: its measured-best knobs, in the preset format
 
 
 def preset_path(preset: str | Path) -> Path:
@@ -196,11 +204,12 @@ def _check_known(knobs: dict[str, Any], source: str) -> dict[str, Any]:
     return knobs
 
 
-def config_from_flags(flags: Mapping[str, Any]) -> DSparkConfig:
-    """Server-args style flags -> config: `--speculative-dspark-preset` picks the preset, the other
-    `--speculative-dspark-*` flags override its knobs."""
+def config_from_flags(flags: Mapping[str, Any], drafter_dir: str | Path | None = None) -> DSparkConfig:
+    """Server-args style flags -> config: the drafter folder's recommended knobs (if it has them), then
+    `--speculative-dspark-preset`'s, then the other `--speculative-dspark-*` flags."""
     knobs = cli_overrides(flags)
-    return load_config(knobs.pop(PRESET_KNOB, None) or DEFAULT_PRESET, knobs)
+    recommended = None if drafter_dir is None else Path(drafter_dir) / RECOMMENDED_FILE
+    return load_config(knobs.pop(PRESET_KNOB, None) or DEFAULT_PRESET, knobs, recommended)
 
 
 def cli_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def speculative_flags(args: argparse.Namespace, model_path: str) -> tuple[str, .
         return ()
     flags = ["--speculative-algorithm", args.speculative_algorithm, *args.speculative_args]
     if args.speculative_algorithm == "DSPARK" and "--speculative-draft-model-path" not in flags:
-        flags += ["--speculative-draft-model-path", default_drafter(model_path), "--speculative-dspark-lookup", "true"]
+        flags += ["--speculative-draft-model-path", default_drafter(model_path)]  # its recommended.json: lookup on
     if args.speculative_algorithm == "NGRAM" and not has_cuda() and "--attention-backend" not in flags:
         flags += ["--attention-backend", TORCH_BACKEND]  # SGLang's torch_native cannot verify; ours can
     return tuple(flags)

@@ -21,6 +21,17 @@ def plain_server(default_model_path, tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="module")
+def plain_sync_server(default_model_path, tmp_path_factory):
+    """Plain SGLang without overlap scheduling, custom logit processors enabled: the reference for penalised requests
+    (with overlap, SGLang's penalizers count each output token one decode step late, and the prompt's last token
+    on the first step; DSPARK counts the output so far, as this server does). One per module that uses it."""
+    spec = ServerSpec(default_model_path, port=free_port(),
+                      extra_args=("--disable-overlap-schedule", "--enable-custom-logit-processor"))
+    with serving(spec, tmp_path_factory.mktemp("plain-sync")) as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def random_drafter_path(default_model_path, tmp_path_factory) -> str:
     """A seeded random DSpark drafter shaped for the default model (enough to test losslessness); one layer and a

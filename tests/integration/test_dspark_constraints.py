@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from conftest import dspark_spec, generate
-from sgl_dspark.tools.launch import ServerSpec, free_port, serving
+from sgl_dspark.tools.launch import serving
 
 pytestmark = pytest.mark.integration
 
@@ -57,15 +57,6 @@ def hybrid_server(default_model_path, tmp_path_factory):
     spec = dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--speculative-dspark-lookup", "true",
                        "--enable-custom-logit-processor")
     with serving(spec, tmp_path_factory.mktemp("dspark-constraints")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def plain_sync_server(default_model_path, tmp_path_factory):
-    """Plain SGLang without overlap scheduling (penalties count the output so far), custom logit processors enabled."""
-    spec = ServerSpec(default_model_path, port=free_port(),
-                      extra_args=("--disable-overlap-schedule", "--enable-custom-logit-processor"))
-    with serving(spec, tmp_path_factory.mktemp("plain-sync")) as server:
         yield server
 
 

@@ -1,6 +1,6 @@
 """DSPARK's sampled output is distributed as the plain server's: chi-square two-sample tests of the tokens after
-the first (those come from verification) at temperature 1, at temperature 0.7 with top-p 0.9 and under a regex
-with a logit bias, for chain
+the first (those come from verification) at temperature 1, at temperature 0.7 with top-p 0.9, under a regex
+with a logit bias and with frequency / presence / repetition penalties, for chain
 drafting (default preset), tree drafting (preset tree) and context lookup (lookup on), with a drafter that
 disagrees with the target, so that rejections and residual draws are frequent.
 
@@ -38,7 +38,12 @@ SETTINGS = {
     # third, the digit between is drawn from the masked, biased row ("3" +1).
     "t1-regex-bias": {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True, "regex": r"( [0-9]){2,6}",
                       "logit_bias": {"35": 1.0}, "min_new_tokens": 2},
+    # Penalties on every verify row with the counts of the output plus the draft path; the reference is plain
+    # SGLang without overlap scheduling (`plain_sync_server`: with overlap its penalizers lag one token).
+    "t1-penalties": {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True, "frequency_penalty": 0.8,
+                     "presence_penalty": 0.4, "repetition_penalty": 1.2},
 }
+SYNC_REFERENCE = ("t1-penalties",)
 CONFIGS = {"chain": (), "tree": ("--speculative-dspark-preset", "tree"),
            "lookup": ("--speculative-dspark-lookup", "true")}
 # Every step verifies at least one draft, so every token after the first goes through rejection sampling: left to
@@ -94,9 +99,10 @@ def bigram_drafter_table(sequences: list[list[int]]) -> tuple[dict[int, dict[int
 
 
 @pytest.fixture(scope="module")
-def plain_samples(plain_server) -> dict[str, list[dict]]:
-    """setting -> SAMPLES replies of the plain server to PROMPT."""
-    return {s: draw(plain_server, PROMPT, SAMPLES, sampling) for s, sampling in SETTINGS.items()}
+def plain_samples(plain_server, plain_sync_server) -> dict[str, list[dict]]:
+    """setting -> SAMPLES replies of the plain server to PROMPT (the non-overlapped one for penalties)."""
+    return {s: draw(plain_sync_server if s in SYNC_REFERENCE else plain_server, PROMPT, SAMPLES, sampling)
+            for s, sampling in SETTINGS.items()}
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ def test_the_wheel_carries_presets_and_the_drafter(installed):
     assert (installed / "sgl_dspark" / "configs" / "default.json").is_file()
     assert (installed / "sgl_dspark" / "configs" / "tree.json").is_file()
     assert (installed / "sgl_dspark" / "drafters" / "smollm2-135m-instruct" / "config.json").is_file()
+    assert (installed / "sgl_dspark" / "drafters" / "smollm2-135m-instruct" / "recommended.json").is_file()
     assert any(installed.glob("sgl_dspark-*.dist-info/entry_points.txt"))
 
 
@@ -47,5 +48,6 @@ def test_the_installed_wheel_serves_dspark(installed, default_model_path, plain_
         out = generate(server.base_url, PROMPT, **GREEDY)
         log = server.log_text()
     assert f"from={installed / 'sgl_dspark'}" in log  # the plugin ran from the installed wheel
+    assert "lookup=True" in log  # the drafter's recommended.json applies under the preset
     assert out["output_ids"] == generate(plain_server.base_url, PROMPT, **GREEDY)["output_ids"]
     assert out["meta_info"]["spec_verify_ct"] > 0

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from sgl_dspark.config import (KNOBS, PRESET_DIR, DSparkConfig, cli_flag, cli_overrides, config_from_flags,
-                               load_config)
+from sgl_dspark.config import (KNOBS, PRESET_DIR, RECOMMENDED_FILE, DSparkConfig, cli_flag, cli_overrides,
+                               config_from_flags, load_config)
 
 
 def test_default_preset_sets_every_knob():
@@ -146,3 +146,24 @@ def test_the_verify_width_counts_lookup_nodes_and_the_cap():
     assert load_config("no-scheduler", {"lookup": True, "max_verify": 5}).verify_nodes(7) == 5
     reference = load_config("default", {"max_verify": 0})
     assert reference.verify_nodes(7) == 0 and not reference.drafts
+
+
+def test_a_drafters_recommended_knobs_sit_between_the_defaults_and_the_preset(tmp_path):
+    (tmp_path / RECOMMENDED_FILE).write_text('{"description": "measured", "lookup": true, "tree_width": 2}')
+    assert config_from_flags({}, tmp_path).lookup is True
+    assert config_from_flags({}, tmp_path).tree_width == 2
+    assert config_from_flags({"speculative_dspark_preset": "tree"}, tmp_path).tree_width == 3  # the preset wins
+    assert config_from_flags({"speculative_dspark_lookup": False}, tmp_path).lookup is False  # a flag wins
+    assert config_from_flags({}, tmp_path / "elsewhere") == load_config()  # no file: the defaults
+
+
+def test_a_recommended_file_with_an_unknown_knob_is_refused_by_name(tmp_path):
+    (tmp_path / RECOMMENDED_FILE).write_text('{"lookups": true}')
+    with pytest.raises(ValueError, match="unknown knob 'lookups'"):
+        config_from_flags({}, tmp_path)
+
+
+def test_the_shipped_drafters_recommended_knobs_load():
+    from sgl_dspark.tools.models import SHIPPED_DRAFTER
+
+    assert config_from_flags({}, SHIPPED_DRAFTER).lookup is True
