@@ -48,9 +48,10 @@ def dspark_spec(model_path: str, drafter_path: str, *flags: str, max_running_req
                                         "--speculative-draft-model-path", drafter_path, *flags))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dspark_server(default_model_path, random_drafter_path, tmp_path_factory):
-    """DSPARK with the random drafter, chain drafting, default preset."""
+    """DSPARK with the random drafter, chain drafting, default preset. Module-scoped, as `tree_server`: a server
+    holds ~4 GB, and the session-wide ones (plain, chain) plus a module's own must fit CI's 24 GB."""
     with serving(dspark_spec(default_model_path, random_drafter_path), tmp_path_factory.mktemp("dspark")) as server:
         yield server
 
@@ -125,7 +126,7 @@ def chain_server(default_model_path, bigram_drafter_path, tmp_path_factory):
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tree_server(default_model_path, bigram_drafter_path, tmp_path_factory):
     """DSPARK with tree drafting (preset tree) and the bigram drafter (multi-token blocks are accepted)."""
     spec = dspark_spec(default_model_path, bigram_drafter_path, "--speculative-dspark-preset", "tree")
