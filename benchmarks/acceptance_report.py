@@ -209,9 +209,9 @@ def markdown_table(doc: dict) -> str:
     return "\n".join(rows)
 
 
-def splice_table(text: str, table: str) -> str | None:
+def splice_table(text: str, table: str, markers: tuple[str, str] = (TABLE_START, TABLE_END)) -> str | None:
     """Replace what lies between the table markers with `table`; None when the markers are absent."""
-    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    (opening, closing), start, end = markers, text.find(markers[0]), text.find(markers[1])
     if start < 0 or end < start:
         return None
-    return f"{text[:start + len(TABLE_START)]}\n{table}\n{text[end:]}"
+    return f"{text[:start + len(opening)]}\n{table}\n{text[end:]}"

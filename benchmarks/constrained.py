@@ -27,6 +27,7 @@ import requests
 from tqdm import tqdm
 
 from benchmarks.acceptance import EVAL_DIR, load_prompts
+from benchmarks.acceptance_report import splice_table
 from sgl_dspark.tools.launch import ServerSpec, free_port, serving
 from sgl_dspark.tools.models import default_drafter, prepare
 
@@ -144,12 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(doc)
     print(table)
     if args.readme:
-        text = args.readme.read_text()
-        start, end = (text.find(m) for m in MARKERS)
-        if start < 0 or end < start:
+        spliced = splice_table(args.readme.read_text(), table, MARKERS)
+        if spliced is None:
             print(f"{args.readme}: no constrained-table markers; left unchanged", file=sys.stderr)
         else:
-            args.readme.write_text(text[:start + len(MARKERS[0])] + "\n" + table + "\n" + text[end:])
+            args.readme.write_text(spliced)
     return 0
 
 

@@ -46,13 +46,16 @@ def request_sampling(req) -> SamplingParams:
 
 
 def request_penalties(req) -> Penalties:
-    """The request's penalties, with the stop tokens SGLang's min_new_tokens penalizer masks."""
+    """The request's penalties, with the stop tokens SGLang's min_new_tokens penalizer masks (gathered only when
+    min_new_tokens is set: this runs for every request every step)."""
     p, tokenizer = req.sampling_params, getattr(req, "tokenizer", None)
-    stops = set(p.stop_token_ids or ()) | set(req.eos_token_ids or ())
-    if tokenizer is not None:
-        stops |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            stops.add(tokenizer.eos_token_id)
+    stops = set()
+    if p.min_new_tokens > 0:
+        stops = set(p.stop_token_ids or ()) | set(req.eos_token_ids or ())
+        if tokenizer is not None:
+            stops |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
+            if getattr(tokenizer, "eos_token_id", None) is not None:
+                stops.add(tokenizer.eos_token_id)
     return Penalties(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, p.min_new_tokens, tuple(stops))
 
 
