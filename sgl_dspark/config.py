@@ -47,6 +47,8 @@ class DSparkConfig:
     draft_ahead: bool  # start the next step's drafting on the draft worker's core while the step finishes
     # (measured neutral on a 2-core CPU: the shorter wait is paid back by memory-bandwidth contention)
     draft_dtype: str  # the drafter's dtype: "float32", "bfloat16", or "auto" (bfloat16 where the CPU has bf16 GEMM)
+    gate: bool  # per step, only requests whose speculation is predicted to pay for the whole step draft (sgl_dspark.gate)
+    gate_margin: float  # predicted tokens/s must beat plain decoding's by this share for anyone to speculate
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -122,7 +124,7 @@ def _is_path(v: Any) -> bool:
     return isinstance(v, str) and v.strip() != ""
 
 
-_FLOAT_KNOBS = ("survival_threshold", "branch_threshold", "latency_target_ms", "cost_refit_alpha")
+_FLOAT_KNOBS = ("survival_threshold", "branch_threshold", "latency_target_ms", "cost_refit_alpha", "gate_margin")
 
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_window": (_optional(_int_at_least(1)), "null or an integer >= 1"),
@@ -146,6 +148,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cpu_gemm": (lambda v: v in GEMM_MODES, " | ".join(GEMM_MODES)),
     "draft_ahead": (lambda v: isinstance(v, bool), "true | false"),
     "draft_dtype": (lambda v: v in DRAFT_DTYPES, " | ".join(DRAFT_DTYPES)),
+    "gate": (lambda v: isinstance(v, bool), "true | false"),
+    "gate_margin": (_number_in(0, 1), "a number in [0, 1]"),
 }
 KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
 assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"

@@ -87,3 +87,15 @@ def accept_rows(results: list[VerifyResult], width: int, stride: int) -> AcceptR
         tokens[b, :result.tau] = result.emitted_tokens
     lens = torch.tensor([r.tau for r in results], dtype=torch.int32)
     return AcceptRows(index, tokens, lens)
+
+
+def kv_moves(accepted: AcceptRows, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst [M], src [M]) flat verify rows whose KV must move so that each request's kept rows (root + accepted path)
+    lead its verify window; rows already in place are left out, so a chain's commit moves nothing.
+    Example: width 4, one request keeping rows [0, 2] -> dst [1], src [2]; keeping [0, 1] -> nothing."""
+    bs = accepted.accept_index.shape[0]
+    kept = accepted.accept_index >= 0
+    dst = (torch.arange(bs)[:, None] * width + torch.arange(accepted.accept_index.shape[1])[None, :])[kept]
+    src = accepted.accept_index[kept]
+    moved = dst != src
+    return dst[moved], src[moved]

@@ -29,6 +29,12 @@ class StepStats:
     verify_s: float  # target forward wall time
     commit_s: float  # acceptance + KV commit wall time
     drafted_ahead: int = 0  # requests whose draft was made ahead (during the previous step's tail)
+    speculated: list[bool] | None = None  # per request: the gate let it draft (None: all did)
+
+    @property
+    def speculating(self) -> int:
+        """Requests that drafted this step."""
+        return len(self.accepted) if self.speculated is None else sum(self.speculated)
 
 
 @dataclass
@@ -129,6 +135,8 @@ class Totals:
     verify_s: float = 0.0
     commit_s: float = 0.0
     drafted_ahead: int = 0
+    speculated: int = 0  # request-steps that drafted
+    spec_steps: int = 0  # steps in which some request drafted
     warned_causes: set[str] = field(default_factory=set)  # draft-worker failure causes warned about this window
 
     def add(self, s: StepStats) -> None:
@@ -141,9 +149,12 @@ class Totals:
         self.verify_s += s.verify_s
         self.commit_s += s.commit_s
         self.drafted_ahead += s.drafted_ahead
+        self.speculated += s.speculating
+        self.spec_steps += s.speculating > 0
 
     def line(self) -> str:
-        """Per request-step means (accept_len is tau, bonus included) and per-step milliseconds of each phase."""
+        """Per request-step means (accept_len is tau, bonus included), per-step milliseconds of each phase, and the
+        gate's shares: speculated (request-steps that drafted) and spec_steps (steps in which some request did)."""
         n = max(self.requests, 1)
         rate = accept_rate(self.accepted - self.requests, self.verified)
         ms = 1000.0 / max(self.steps, 1)
@@ -151,7 +162,8 @@ class Totals:
                 f"draft_len={self.drafted / n:.2f} verify_len={self.verified / n:.2f} accept_rate={rate:.2f} "
                 f"draft_ms={self.draft_s * ms:.1f} verify_ms={self.verify_s * ms:.1f} "
                 f"commit_ms={self.commit_s * ms:.1f} drafted_ahead={self.drafted_ahead / n:.2f} "
-                f"draft_failures={self.draft_failures}")
+                f"draft_failures={self.draft_failures} speculated={self.speculated / n:.2f} "
+                f"spec_steps={self.spec_steps / max(self.steps, 1):.2f}")
 
 
 class Series:
@@ -187,6 +199,15 @@ class Series:
                                  "DSPARK shared-memory bytes held for the draft worker's arenas")
         self.lookup_entries = gauge("sglang:dspark_lookup_entries",
                                     "DSPARK requests with context-lookup state (dropped when they leave the batch)")
+        self.request_steps = Counter(
+            "sglang:dspark_request_steps", "DSPARK request decode steps, by whether the request drafted (the gate)",
+            (*names, "speculated"), registry=registry)
+        self.steps = Counter(
+            "sglang:dspark_steps", "DSPARK decode steps, by whether any request drafted (the gate)",
+            (*names, "speculated"), registry=registry)
+        for counter in (self.request_steps, self.steps):
+            for value in ("true", "false"):
+                counter.labels(**labels, speculated=value)
 
     def draft_failed(self, cause: str) -> None:
         self.draft_failures.labels(**self.labels, cause=cause).inc()
@@ -201,6 +222,9 @@ class Series:
         for rows, tau in zip(s.verified, s.accepted):
             self.verify_length.observe(rows - 1)
             self.accept_length.observe(tau)
+        self.request_steps.labels(**self.labels, speculated="true").inc(s.speculating)
+        self.request_steps.labels(**self.labels, speculated="false").inc(len(s.accepted) - s.speculating)
+        self.steps.labels(**self.labels, speculated="true" if s.speculating else "false").inc()
 
 
 @dataclass

@@ -25,6 +25,8 @@ class PlanInput:
 
     trees: tuple[DraftTree, ...]  # R requests' blocks (chain or tree), confidences already calibrated
     extra_tokens: int = 0  # tokens the same target step processes besides these blocks (e.g. a prefill chunk)
+    overhead_s: float = 0.0  # seconds the whole step costs besides the verify forward (drafting, commit, SGLang)
+    overhead_per_token_s: float = 0.0  # and per batch token (acceptance and commit grow with the rows)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class Pool:
     base_tokens: int  # B with no open node: roots + forced nodes + extra tokens
     base_accepts: float  # tau with no open node: one per request (the bonus) + forced nodes' survival
     open_survival: torch.Tensor  # [M] float64, non-increasing
+    overhead_s: float = 0.0  # the whole step's seconds besides the verify forward (PlanInput)
+    overhead_per_token_s: float = 0.0
 
 
 def path_products(parents: torch.Tensor, conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,17 +146,20 @@ def eligible(cands: Candidates, knobs: Knobs) -> torch.Tensor:
     return torch.ones_like(cands.rank, dtype=torch.bool) if knobs.max_verify is None else cands.rank < knobs.max_verify
 
 
-def make_pool(cands: Candidates, forced: torch.Tensor, open_: torch.Tensor, extra_tokens: int) -> Pool:
-    base_tokens = cands.n_requests + int(forced.sum()) + extra_tokens
+def make_pool(cands: Candidates, forced: torch.Tensor, open_: torch.Tensor, batch: PlanInput) -> Pool:
+    base_tokens = cands.n_requests + int(forced.sum()) + batch.extra_tokens
     base_accepts = cands.n_requests + float(cands.survival[forced].sum())
-    return Pool(base_tokens, base_accepts, cands.survival[open_])
+    return Pool(base_tokens, base_accepts, cands.survival[open_], batch.overhead_s, batch.overhead_per_token_s)
 
 
 def throughput(pool: Pool, table: StepCostTable) -> torch.Tensor:
-    """[M + 1] float64: Theta_i = tau_i * SPS(B_i) after admitting the first i open nodes (Theta_0: none)."""
+    """[M + 1] float64: Theta_i = tau_i / seconds of the whole step after admitting the first i open nodes (Theta_0:
+    none); the step's seconds are the verify forward's (the table) plus the pool's overhead (tau_i * SPS(B_i) when
+    there is none)."""
     m = pool.open_survival.shape[0]
     tau = pool.base_accepts + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(pool.open_survival, 0)])
-    return tau * table.sps(pool.base_tokens + torch.arange(m + 1))
+    batch = pool.base_tokens + torch.arange(m + 1)
+    return tau / (table.costs(batch) + pool.overhead_s + pool.overhead_per_token_s * batch)
 
 
 def early_stop_budget(theta: torch.Tensor) -> int:
@@ -203,7 +210,7 @@ class BudgetScheduler:
         allowed = eligible(cands, self.knobs)
         forced = allowed & (cands.rank < self.knobs.min_verify)
         open_ = allowed & ~forced & (cands.survival > 0)
-        pool = make_pool(cands, forced, open_, batch.extra_tokens)
+        pool = make_pool(cands, forced, open_, batch)
         count = min(self.budget(pool), latency_cap(pool, self.cost_table, self.knobs.latency_target_s))
         first = open_ & (torch.cumsum(open_.long(), 0) <= count)
         return make_plan(cands, forced | first, batch.extra_tokens)

@@ -15,14 +15,14 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
-from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks,
                                    scaling_rows)
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
+from sgl_dspark.gate import Decision, Gate, GatedStep, initial_costs
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.layout import AcceptRows, VerifyRows, accept_rows, pack_trees, verify_batch_of
+from sgl_dspark.layout import AcceptRows, VerifyRows, accept_rows, kv_moves, pack_trees, verify_batch_of
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplingParams
@@ -34,7 +34,7 @@ from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, VerifyResult, verify_batch
 
 from scheduler_patch.launch import launch_of
-from scheduler_patch.runtime.setup import WorkerSetup, build_setup, start_cost_table, worker_metrics
+from scheduler_patch.runtime.setup import WorkerSetup, build_setup, prior_cost_table, start_cost_table, worker_metrics
 from scheduler_patch.runtime.verify_batch import verifying
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class DecodeStep:
 
     trees: list[Grafted]  # selected (scheduled) blocks, one per request, with each node's provenance
     drafted: list[int]  # draft length per request before scheduling
+    speculated: list[bool]  # per request: the gate let it draft this step
     rows: VerifyRows
     seq_lens: list[int]
 
@@ -107,6 +108,9 @@ class DSparkWorker(BaseSpecWorker):
         self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
         self.vocab = int(self.model_runner.model_config.vocab_size)
         self.full_mask = self.device != "cpu"
+        self.gate = Gate(initial_costs(prior_cost_table()), self.setup.config.gate_margin) \
+            if self.setup.config.gate and self.setup.config.drafts else None
+        self.last_decode_end: float | None = None  # when the previous decode step returned (None: a prefill since)
 
     @property
     def draft_worker(self):
@@ -137,6 +141,7 @@ class DSparkWorker(BaseSpecWorker):
 
     def prefill(self, batch, on_publish):
         refuse_unsupported(batch.reqs)
+        self.last_decode_end = None
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         self.seed_first_tokens(batch, result)
         features = result.logits_output.hidden_states
@@ -201,7 +206,7 @@ class DSparkWorker(BaseSpecWorker):
         out.logits_output.hidden_states = None
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.observe(step, accepted, clock, hits)
+        self.observe(batch, step, accepted, clock, hits)
         return self.step_result(step, out.logits_output, accepted, new_seq_lens)
 
     def accept(self, batch, step: DecodeStep, logits_output) -> tuple[list[VerifyResult], AcceptRows]:
@@ -219,12 +224,17 @@ class DSparkWorker(BaseSpecWorker):
             self.tracer.write([step_trace(req.rid, g, n, r)
                                for req, g, n, r in zip(batch.reqs, step.trees, step.drafted, results)])
 
-    def observe(self, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int) -> None:
-        """The step's cost to the scheduler (its online refit), its statistics to the metrics."""
+    def observe(self, batch, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int) -> None:
+        """The step's cost to the scheduler (its online refit) and to the gate, its statistics to the metrics."""
         self.scheduler.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
-        self.metrics.observe(StepStats(step.drafted, step.rows.sizes.tolist(), accepted.accept_lens.tolist(),
-                                       clock.draft_s, clock.verify_s, clock.since_verified(),
-                                       self.client.ahead_hits - hits))
+        verified, taus, tail_s = step.rows.sizes.tolist(), accepted.accept_lens.tolist(), clock.since_verified()
+        if self.gate is not None:
+            host_s = None if self.last_decode_end is None else clock.start - self.last_decode_end
+            self.gate.observe(GatedStep([req.rid for req in batch.reqs], step.speculated, taus,
+                                        [v - 1 for v in verified], clock.draft_s, tail_s, host_s))
+        self.metrics.observe(StepStats(step.drafted, verified, taus, clock.draft_s, clock.verify_s, tail_s,
+                                       self.client.ahead_hits - hits, step.speculated))
+        self.last_decode_end = clock.clock()
         self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,
                                         0 if self.lookup is None else len(self.lookup.entries))
 
@@ -241,12 +251,13 @@ class DSparkWorker(BaseSpecWorker):
     def draft_and_plan(self, batch) -> DecodeStep:
         seq_lens = batch.seq_lens.cpu().tolist()
         anchors = [int(req.output_ids[-1]) for req in batch.reqs]
+        speculate = self.speculating(batch)
         if not self.setup.config.drafts:  # max_verify 0: the verify path with the anchor alone
             blocks = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
         else:
-            blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors))
+            blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors, speculate))
         blocks = self.unspeculated(batch, blocks, anchors)
-        plan = self.scheduler.plan(PlanInput(tuple(g.tree for g in blocks)))
+        plan = self.scheduler.plan(self.plan_input(blocks, sum(speculate)))
         selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
         widest = max(g.tree.size for g in selected)
         if widest > self.stride:  # never write past the KV SGLang reserved (launch.verify_tokens per request)
@@ -254,7 +265,26 @@ class DSparkWorker(BaseSpecWorker):
                          "no drafts", widest, self.stride)
             selected = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
         rows = pack_trees([g.tree for g in selected], seq_lens)
-        return DecodeStep(selected, [g.tree.size - 1 for g in blocks], rows, seq_lens)
+        return DecodeStep(selected, [g.tree.size - 1 for g in blocks], speculate, rows, seq_lens)
+
+    def speculating(self, batch) -> list[bool]:
+        """Per request: does it draft this step (the gate's choice; none without drafts, all without the gate)."""
+        if not self.setup.config.drafts:
+            return [False] * len(batch.reqs)
+        table = getattr(self.scheduler, "cost_table", None)
+        if self.gate is None or table is None:
+            return [not req.custom_logit_processor for req in batch.reqs]
+        decision: Decision = self.gate.decide([req.rid for req in batch.reqs], table)
+        return [bool(s) and not req.custom_logit_processor for s, req in zip(decision.speculate, batch.reqs)]
+
+    def plan_input(self, blocks: list[Grafted], drafted: int) -> PlanInput:
+        """The scheduler prices the verify budget with the whole step: what drafting took and the gate's model of
+        the rest (acceptance, commit, SGLang's share)."""
+        trees = tuple(g.tree for g in blocks)
+        if self.gate is None:
+            return PlanInput(trees)
+        overhead_s, per_token_s = self.gate.costs.besides_verify(drafted, len(blocks))
+        return PlanInput(trees, overhead_s=overhead_s, overhead_per_token_s=per_token_s)
 
     def no_drafts(self, batch, anchors: list[int]) -> list[DraftTree]:
         return [root_only(a, request_sampling(req), self.vocab) for a, req in zip(anchors, batch.reqs)]
@@ -266,7 +296,9 @@ class DSparkWorker(BaseSpecWorker):
                 for g, a, req in zip(blocks, anchors, batch.reqs)]
 
     def with_lookup(self, batch, trees: list[DraftTree]) -> list[Grafted]:
-        """Graft the request's own-context lookup chains onto the drafter's trees (lookup knob)."""
+        """Graft the request's own-context lookup chains onto its tree (lookup knob): onto the drafter's, or onto the
+        anchor alone where the gate held drafting back (lookup costs no drafter call; the scheduler prices its
+        verification like any draft node's)."""
         if self.lookup is None:
             return [Grafted.plain(t) for t in trees]
         entries = [self.lookup.sync(req.rid, req.origin_input_ids, req.output_ids) for req in batch.reqs]
@@ -289,12 +321,20 @@ class DSparkWorker(BaseSpecWorker):
             anchor_positions=torch.tensor(seq_lens, dtype=torch.long),
             sampling=tuple(request_sampling(req) for req in batch.reqs))
 
-    def draft(self, batch, seq_lens: list[int], anchors: list[int]) -> list[DraftTree]:
+    def draft(self, batch, seq_lens: list[int], anchors: list[int], speculate: list[bool]) -> list[DraftTree]:
+        """The drafter's blocks for the speculating requests (one call), the anchor alone for the others."""
+        trees = self.no_drafts(batch, anchors)
+        rows = [i for i, s in enumerate(speculate) if s]
+        if not rows:
+            return trees
         try:
-            return self.client.propose(self.draft_batch(batch, seq_lens, anchors))
+            drafted = self.client.propose(self.draft_batch(batch, seq_lens, anchors).select(rows))
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
-            return self.no_drafts(batch, anchors)
+            return trees
+        for i, tree in zip(rows, drafted):
+            trees[i] = tree
+        return trees
 
     def draft_failed(self, exc: DraftWorkerUnavailable) -> None:
         """Counted per cause on /metrics and logged once per cause and log window (sgl_dspark.observe)."""
@@ -364,17 +404,18 @@ class DSparkWorker(BaseSpecWorker):
         compute_spec_logprobs(batch, logits_output, predict.to(device), accept_index=index.to(device))
 
     def commit(self, batch, step: DecodeStep, accepted: AcceptRows, hidden: torch.Tensor) -> torch.Tensor:
-        """Move the accepted path's KV to the front of each request's verify window, and give the drafter the
-        features of those rows at their final slots."""
+        """Move the accepted path's KV to the front of each request's verify window (only rows not already there: a
+        chain's accepted path always is), and give the drafter the features of those rows at their final slots."""
         width = step.rows.width
         front = torch.cat([torch.arange(b * width, b * width + int(n)) for b, n in enumerate(accepted.accept_lens)])
         kept = accepted.accept_index[accepted.accept_index >= 0]
         positions = torch.cat([torch.arange(s, s + int(n)) for s, n in zip(step.seq_lens, accepted.accept_lens)])
         self.write_context(batch.out_cache_loc[front.to(self.device)], positions, hidden[kept.to(hidden.device)])
-        index = accepted.accept_index.to(self.device)
-        lens = accepted.accept_lens.to(self.device)
-        move_accept_tokens_to_target_kvcache(batch, index, lens - 1, self.token_to_kv_pool_allocator)
-        return batch.seq_lens + lens.to(batch.seq_lens.dtype)
+        dst, src = kv_moves(accepted, width)
+        if dst.numel():
+            loc = batch.out_cache_loc
+            self.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(loc[dst.to(loc.device)], loc[src.to(loc.device)])
+        return batch.seq_lens + accepted.accept_lens.to(self.device).to(batch.seq_lens.dtype)
 
     def relay(self, seq_lens: torch.Tensor, tokens: torch.Tensor, lens: torch.Tensor) -> NgramVerifyInput:
         """The running batch's spec state between steps (SGLang filters/merges it as requests come and go)."""

@@ -2,7 +2,7 @@
 
 import torch
 
-from sgl_dspark.layout import accept_rows, pack_trees, verify_batch_of
+from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, pack_trees, verify_batch_of
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyResult
 
@@ -37,6 +37,17 @@ def test_accept_rows_keep_root_and_path_and_emit_drafts_then_bonus():
     assert out.accept_index.tolist() == [[0, 2, 3, -1], [4, -1, -1, -1]]
     assert out.tokens.tolist() == [[7, 8, 4, 0, 0], [11, 0, 0, 0, 0]]
     assert out.accept_lens.tolist() == [3, 1]
+
+
+def test_kv_moves_only_rows_off_the_front():
+    """Request 0 kept tree rows [0, 2, 3] (two move forward); request 1 a chain prefix (in place, no move)."""
+    accepted = AcceptRows(torch.tensor([[0, 2, 3, -1], [4, 5, -1, -1]]), torch.zeros(2, 5, dtype=torch.long),
+                          torch.tensor([3, 2], dtype=torch.int32))
+    dst, src = kv_moves(accepted, width=4)
+    assert dst.tolist() == [1, 2] and src.tolist() == [2, 3]
+    chain = AcceptRows(torch.tensor([[0, 1, -1], [3, -1, -1]]), torch.zeros(2, 3, dtype=torch.long),
+                       torch.tensor([2, 1], dtype=torch.int32))
+    assert [t.tolist() for t in kv_moves(chain, width=3)] == [[], []]
 
 
 def test_the_verify_batch_flattens_the_mask_without_prefix_columns():

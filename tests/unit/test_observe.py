@@ -16,7 +16,7 @@ from sgl_dspark.observe import (RequestCounts, Series, StepClock, StepStats, Tot
 # Two steps of a 2-request batch: request 0 drafts 4/5, verifies 3/2 (rows 4/3), accepts 2/1;
 # request 1 drafts 2/0, verifies 2/0 (rows 3/1), accepts 3/1.
 STEPS = (StepStats([4, 2], [4, 3], [2, 3], 0.010, 0.030, 0.002),
-         StepStats([5, 0], [3, 1], [1, 1], 0.020, 0.050, 0.004, drafted_ahead=2))
+         StepStats([5, 0], [3, 1], [1, 1], 0.020, 0.050, 0.004, drafted_ahead=2, speculated=[True, False]))
 
 
 def test_result_counts_are_the_verify_window_and_the_draft_length():
@@ -140,7 +140,9 @@ def test_the_log_line_shows_means_per_request_step_and_the_time_split():
     # 4 request-steps: accepted 7, drafted 11, verified 3+2+2+0 = 7 drafts of which 7-4 = 3 accepted.
     assert totals.line() == ("DSpark decode: steps=2 accept_len=1.75 draft_len=2.75 verify_len=1.75 "
                              "accept_rate=0.43 draft_ms=15.0 verify_ms=40.0 commit_ms=3.0 drafted_ahead=0.50 "
-                             "draft_failures=0")
+                             "draft_failures=0 speculated=0.75 spec_steps=1.00")
+    totals.add(StepStats([0, 0], [1, 1], [1, 1], 0.001, 0.030, 0.002, speculated=[False, False]))
+    assert totals.line().endswith("speculated=0.50 spec_steps=0.67")  # the gate let no request draft
 
 
 def test_worker_metrics_log_every_interval_and_start_a_new_window(caplog):
@@ -176,6 +178,10 @@ def test_series_record_lengths_and_failures():
     assert value("sglang:dspark_accept_length_sum") == 7 and value("sglang:dspark_accept_length_bucket", le="1.0") == 2
     assert value("sglang:dspark_draft_worker_failures_total", cause="unknown") == 1
     assert value("sglang:dspark_draft_worker_failures_total", cause="dead") == 0  # every cause listed from the start
+    assert value("sglang:dspark_request_steps_total", speculated="true") == 3  # the gate held one request back
+    assert value("sglang:dspark_request_steps_total", speculated="false") == 1
+    assert value("sglang:dspark_steps_total", speculated="true") == 2
+    assert value("sglang:dspark_steps_total", speculated="false") == 0
 
 
 def test_series_exist_only_with_a_model_name():

@@ -2,6 +2,7 @@
 (a retrospective global search biases the output; the early stop and the lagged budget do not)."""
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -68,8 +69,21 @@ def test_prefix_two_requests_literal():
 def test_throughput_curve_literal():
     c = candidates(TWO.trees)
     everything = torch.ones(5, dtype=torch.bool)
-    theta = throughput(make_pool(c, ~everything, everything, 0), TABLE)
+    theta = throughput(make_pool(c, ~everything, everything, TWO), TABLE)
     assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.9, 3.291, 3.433, 2.913, 2.257]
+
+
+def test_whole_step_overhead_prices_the_budget():
+    """The step's seconds besides the verify forward join the table: a fixed second flattens the curve (tau / (table
+    + 1)); a second per batch token makes every row dear, so the early stop admits one node instead of three."""
+    c = candidates(TWO.trees)
+    everything = torch.ones(5, dtype=torch.bool)
+    fixed = dataclasses.replace(TWO, overhead_s=1.0)
+    theta = throughput(make_pool(c, ~everything, everything, fixed), TABLE)
+    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.45, 1.724, 1.873, 1.748, 1.505]
+    per_token = dataclasses.replace(TWO, overhead_per_token_s=1.0)
+    assert PrefixScheduler(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [2, 1]
+    assert PrefixScheduler(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [1, 0]
 
 
 def test_off_verifies_everything_drafted():
