@@ -14,9 +14,10 @@ import torch
 from sgl_dspark.cost import StepCostTable
 
 FORGET = 0.97  # per observation: a linear cost part forgets old steps with this weight (half-life ~23 steps)
-OUTLOOK_WEIGHT = 0.15  # per speculated step: weight of the newest outcome in a request's outlook
+OUTLOOK_WEIGHT = 0.05  # per speculated step: weight of the newest outcome in a request's outlook (acceptance is bursty:
+# a short memory gates requests in a dry spell and misses the burst after it)
 PRIOR_WEIGHT = 0.05  # per speculated request-step: weight of the newest outcome in the batch-wide mean outlook
-RECOVER = 0.1  # per gated step: share of the way a request's outlook moves back towards the batch-wide mean (so a
+RECOVER = 0.02  # per gated step: share of the way a request's outlook moves back towards the batch-wide mean (so a
 # request gated after a run of rejections does not stay gated on bursty acceptance, e.g. context lookup hits)
 PROBE_EVERY = 16  # every this many steps, every request speculates (gated ones refresh their outlook together,
 # so the drafting call's fixed cost is paid once for all of them)
@@ -151,7 +152,8 @@ class Gate:
         for rid, spec, tau, verified in zip(step.rids, step.speculated, step.accepted, step.verified):
             if spec:
                 self.prior = next_outlook(self.prior, True, tau, verified, weight=PRIOR_WEIGHT)
-            if (outlook := next_outlook(self.outlooks.get(rid), spec, tau, verified, self.prior)) is not None:
+            known = self.outlooks.get(rid) or (self.prior if spec else None)  # a new request starts from the mean
+            if (outlook := next_outlook(known, spec, tau, verified, self.prior)) is not None:
                 self.outlooks[rid] = outlook
         self.costs = self.costs.observed(sum(step.speculated), len(step.rids), sum(step.verified) + len(step.rids),
                                          step.draft_s, step.tail_s, step.host_s)

@@ -41,7 +41,8 @@ def run_engine(model: str, drafter: str, knobs: dict, timeout_s: float = 600) ->
 
 def test_engine_serves_dspark_with_keyword_knobs(default_model_path, bigram_drafter_path, plain_server):
     done = run_engine(default_model_path, bigram_drafter_path, {"speculative_dspark_lookup": True,
-                                                                 "speculative_dspark_preset": "tree"})
+                                                                 "speculative_dspark_preset": "tree",
+                                                                 "speculative_dspark_gate": False})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT "):])
