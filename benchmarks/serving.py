@@ -33,8 +33,8 @@ import requests
 
 from benchmarks.serving_plots import write_plots
 from benchmarks.serving_report import (BASELINE, Cell, Measurement, accept_length, decode_lines, dspark_verify_length,
-                                       prometheus_totals, render_table, splice_readme, step_breakdown, summarize,
-                                       summary_json, with_rest_of_step)
+                                       prometheus_totals, render_table, speculated_share, splice_readme,
+                                       step_breakdown, summarize, summary_json, with_rest_of_step)
 from scheduler_patch.backends import TORCH_BACKEND
 from sgl_dspark.tools.launch import RunningServer, ServerSpec, free_port, has_cuda, serving
 from sgl_dspark.tools.models import default_drafter, prepare
@@ -213,6 +213,7 @@ def run_client(argv: list[str], log: Path) -> dict:
 
 def measurement(result: dict, before: dict, after: dict, facts: ServerFacts, log_part: str, rss: int) -> Measurement:
     verify, accepted = dspark_verify_length(before, after), accept_length(before, after)
+    lines = decode_lines(log_part)
     return Measurement(
         output_throughput=result["output_throughput"],
         per_user_tps=1000.0 / result["median_tpot_ms"] if result.get("median_tpot_ms") else 0.0,
@@ -220,7 +221,8 @@ def measurement(result: dict, before: dict, after: dict, facts: ServerFacts, log
         tpot_p50_ms=result["median_tpot_ms"], tpot_p99_ms=result["p99_tpot_ms"],
         accept_length=accepted, verify_length=verify if verify is not None else facts.fixed_verify_length,
         server_rss_mb=rss / 2**20,
-        step_ms=with_rest_of_step(step_breakdown(decode_lines(log_part)), accepted, result["median_tpot_ms"]))
+        step_ms=with_rest_of_step(step_breakdown(lines), accepted, result["median_tpot_ms"]),
+        speculated=speculated_share(lines))
 
 
 def measure_cell(args, server: RunningServer, facts: ServerFacts, prompts: Path, concurrency: int,

@@ -32,6 +32,7 @@ class Measurement:
     verify_length: float | None  # draft tokens verified per request per step
     server_rss_mb: float  # peak RSS summed over the server's process tree
     step_ms: dict[str, float] = field(default_factory=dict)  # DSPARK: phase -> ms per decode step
+    speculated: float | None = None  # DSPARK: share of request-steps the gate let draft (None: not reported)
 
 
 @dataclass(frozen=True)
@@ -140,13 +141,14 @@ def table_row(s: Summary) -> str:
              fmt(g("output_throughput")), fmt(s.ratios.get("output_throughput"), 2, spread=True),
              f"{fmt(g('ttft_p50_ms'), 0)} / {fmt(g('ttft_p99_ms'), 0)}",
              f"{fmt(g('tpot_p50_ms'), 0)} / {fmt(g('tpot_p99_ms'), 0)}",
-             fmt(g("accept_length"), 2), fmt(g("verify_length"), 2), fmt(g("server_rss_mb"), 0)]
+             fmt(g("accept_length"), 2), fmt(g("verify_length"), 2), fmt(g("speculated"), 2),
+             fmt(g("server_rss_mb"), 0)]
     return "| " + " | ".join(cells) + " |"
 
 
 TABLE_HEADER = ("| prompts | conc. | config | user tok/s | x none | total tok/s | x none | TTFT p50/p99 ms "
-                "| TPOT p50/p99 ms | accept len | verify len | RSS MB |\n"
-                "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                "| TPOT p50/p99 ms | accept len | verify len | drafted | RSS MB |\n"
+                "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def render_table(summaries: list[Summary]) -> str:
@@ -218,6 +220,13 @@ def step_breakdown(lines: list[dict[str, float]]) -> dict[str, float]:
     if steps <= 0:
         return {}
     return {p: sum(line.get(f"{p}_ms", 0.0) * line.get("steps", 0.0) for line in lines) / steps for p in PHASES}
+
+
+def speculated_share(lines: list[dict[str, float]]) -> float | None:
+    """Step-weighted mean of the lines' `speculated=` (share of request-steps that drafted); None without it."""
+    weighted = [(line["speculated"], line.get("steps", 0.0)) for line in lines if "speculated" in line]
+    steps = sum(w for _, w in weighted)
+    return sum(v * w for v, w in weighted) / steps if steps > 0 else None
 
 
 def with_rest_of_step(step_ms: dict[str, float], accept_len: float | None, tpot_ms: float) -> dict[str, float]:

@@ -413,8 +413,8 @@ class DSparkWorker(BaseSpecWorker):
         self.write_context(batch.out_cache_loc[front.to(self.device)], positions, hidden[kept.to(hidden.device)])
         dst, src = kv_moves(accepted, width)
         if dst.numel():
-            loc = batch.out_cache_loc
-            self.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(loc[dst.to(loc.device)], loc[src.to(loc.device)])
+            loc, kv = batch.out_cache_loc, self.token_to_kv_pool_allocator.get_kvcache()
+            kv.move_kv_cache(loc[dst.to(loc.device)], loc[src.to(loc.device)])
         return batch.seq_lens + accepted.accept_lens.to(self.device).to(batch.seq_lens.dtype)
 
     def relay(self, seq_lens: torch.Tensor, tokens: torch.Tensor, lens: torch.Tensor) -> NgramVerifyInput:

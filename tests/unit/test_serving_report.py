@@ -9,7 +9,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is 
 
 from benchmarks.serving_report import (TABLE_END, TABLE_START, Cell, Measurement, Stat, accept_length,  # noqa: E402
                                        decode_lines, dspark_verify_length, prometheus_totals, ratio, render_table,
-                                       splice_readme, stat, step_breakdown, summarize, with_rest_of_step)
+                                       speculated_share, splice_readme, stat, step_breakdown, summarize,
+                                       with_rest_of_step)
 
 
 def m(total: float, user: float, accept: float | None = None, verify: float | None = None,
@@ -71,7 +72,7 @@ def test_render_table_rows_sorted_by_dataset_then_concurrency_keeping_config_ord
     assert lines[0].startswith("| prompts | conc. | config |")
     assert [line.split(" | ")[:3] for line in lines[2:]] == [
         ["| chat", "1", "none"], ["| chat", "1", "dspark"], ["| code", "1", "none"], ["| code", "1", "dspark"]]
-    assert lines[5] == "| code | 1 | dspark | 15.0 | 1.50 | 15.0 | 1.50 | 100 / 200 | 67 / 133 | 2.50 | 4.00 | 1024 |"
+    assert lines[5] == "| code | 1 | dspark | 15.0 | 1.50 | 15.0 | 1.50 | 100 / 200 | 67 / 133 | 2.50 | 4.00 | - | 1024 |"
     assert lines[4].split(" | ")[9:11] == ["-", "-"]  # no speculation: no accept / verify length
 
 
@@ -121,6 +122,13 @@ def test_decode_lines_and_step_breakdown_weight_by_steps():
     assert [line["steps"] for line in lines] == [10.0, 30.0]
     assert step_breakdown(lines) == {"draft": 7.0, "verify": 45.0, "commit": 1.75}
     assert step_breakdown([]) == {}
+    assert speculated_share(lines) is None  # lines without the gate's field
+
+
+def test_speculated_share_weights_lines_by_steps():
+    lines = decode_lines("DSpark decode: steps=10 speculated=1.00 spec_steps=1.00\n"
+                         "DSpark decode: steps=30 speculated=0.20 spec_steps=0.50\n")
+    assert speculated_share(lines) == pytest.approx((10 * 1.0 + 30 * 0.2) / 40)
 
 
 def test_rest_of_step_is_accept_len_times_tpot_minus_phases():
