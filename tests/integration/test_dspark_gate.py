@@ -1,9 +1,9 @@
-"""The speculation gate on the real server (DSPARK's default): which requests draft each step is decided from the
-measured step costs and what speculating gave each request before, so it varies with the machine's timings, and
-greedy output must stay the plain server's whatever it decides.
+"""The speculation gate on the real server (`--speculative-dspark-gate true`): which requests draft each step is
+decided from the measured step costs and what speculating gave each request before, so it varies with the machine's
+timings, and greedy output must stay the plain server's whatever it decides.
 
-- The default configuration (the shipped drafter, the two flags a user types): output token-identical to plain at
-  concurrency 1 and 4, and the decode log lines and /metrics show the gate's decisions.
+- The shipped drafter with its recommended knobs and the gate: output token-identical to plain at concurrency 1 and
+  4, and the decode log lines and /metrics show the gate's decisions.
 - The random drafter (its drafts are essentially never accepted): the gate stops drafting for it, drafting again
   only for new requests and on probe steps, and output is still plain's."""
 
@@ -48,8 +48,8 @@ def check_identical(server, prompts, plain_reference, concurrency: int) -> list[
     return replies
 
 
-def test_default_flags_with_the_gate_are_lossless_and_report_it(default_model_path, prompts, plain_reference,
-                                                                tmp_path_factory):
+def test_the_gate_is_lossless_and_reports_its_decisions(default_model_path, prompts, plain_reference,
+                                                         tmp_path_factory):
     from sgl_dspark.tools.models import SHIPPED_DRAFTER
 
     with serving(gated_spec(default_model_path, str(SHIPPED_DRAFTER)), tmp_path_factory.mktemp("gate")) as server:
