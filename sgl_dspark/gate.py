@@ -122,7 +122,8 @@ def choose(outlooks: list[Outlook | None], costs: StepCosts, margin: float, prob
     order = torch.argsort(-gain, stable=True)
     k = torch.arange(r + 1, dtype=torch.float64)
     tokens = r + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(gain[order], 0)])
-    batch = r + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(verified[order], 0)])
+    # every request's rows are padded to the widest one's: the batch grows with the most verified, not the sum
+    batch = r * (1 + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cummax(verified[order], 0).values]))
     theta = tokens / costs.seconds(k, batch, r)
     best = int(theta[1:].argmax()) + 1 if r else 0
     chosen = best if r and float(theta[best]) > (1.0 + margin) * float(theta[0]) else 0

@@ -33,7 +33,7 @@ class PlanInput:
 class VerifyPlan:
     selections: tuple[torch.Tensor, ...]  # R x [1 + verify_length_r] int64: sorted node indices, root 0 first
     verify_lengths: torch.Tensor  # [R] int64: draft nodes each request verifies
-    batch_tokens: int  # B: tokens the target step processes (roots + verified nodes + extra)
+    batch_tokens: int  # B: rows the target step processes (each request padded to the widest, plus extra)
     expected_accepts: float  # tau: expected tokens committed by the step, bonus tokens included
 
 
@@ -77,7 +77,8 @@ class Candidates:
 class Pool:
     """What a budget is chosen over: the forced nodes are in; the open nodes compete in admission order."""
 
-    base_tokens: int  # B with no open node: roots + forced nodes + extra tokens
+    batch_tokens: torch.Tensor  # [M + 1] int64: B after admitting the first i open nodes (rows padded to the widest
+    # request, as the verify batch lays them out, plus extra tokens)
     base_accepts: float  # tau with no open node: one per request (the bonus) + forced nodes' survival
     open_survival: torch.Tensor  # [M] float64, non-increasing
     overhead_s: float = 0.0  # the whole step's seconds besides the verify forward (PlanInput)
@@ -147,18 +148,31 @@ def eligible(cands: Candidates, knobs: Knobs) -> torch.Tensor:
 
 
 def make_pool(cands: Candidates, forced: torch.Tensor, open_: torch.Tensor, batch: PlanInput) -> Pool:
-    base_tokens = cands.n_requests + int(forced.sum()) + batch.extra_tokens
     base_accepts = cands.n_requests + float(cands.survival[forced].sum())
-    return Pool(base_tokens, base_accepts, cands.survival[open_], batch.overhead_s, batch.overhead_per_token_s)
+    return Pool(padded_tokens(cands, forced, open_, batch.extra_tokens), base_accepts, cands.survival[open_],
+                batch.overhead_s, batch.overhead_per_token_s)
+
+
+def padded_tokens(cands: Candidates, forced: torch.Tensor, open_: torch.Tensor, extra: int) -> torch.Tensor:
+    """[M + 1]: the verify batch's rows after admitting the first i open nodes. Every request gets as many rows as the
+    widest one (root + its admitted nodes), so a node that widens the batch costs a row per request, and the nodes of
+    other requests up to that width cost nothing more. Example: 2 requests, open nodes of requests [0, 0, 1] -> [2, 4,
+    6, 6]."""
+    r = cands.n_requests
+    if r == 0:
+        return torch.full((int(open_.sum()) + 1,), extra, dtype=torch.long)
+    base = torch.bincount(cands.request[forced], minlength=r)  # [R] forced nodes per request
+    counts = base[None, :] + torch.cumsum(torch.nn.functional.one_hot(cands.request[open_], r), 0)  # [M, R]
+    width = torch.cat([base.max().reshape(1), counts.max(1).values])  # [M + 1]
+    return r * (1 + width) + extra
 
 
 def throughput(pool: Pool, table: StepCostTable) -> torch.Tensor:
     """[M + 1] float64: Theta_i = tau_i / seconds of the whole step after admitting the first i open nodes (Theta_0:
     none); the step's seconds are the verify forward's (the table) plus the pool's overhead (tau_i * SPS(B_i) when
     there is none)."""
-    m = pool.open_survival.shape[0]
     tau = pool.base_accepts + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(pool.open_survival, 0)])
-    batch = pool.base_tokens + torch.arange(m + 1)
+    batch = pool.batch_tokens
     return tau / (table.costs(batch) + pool.overhead_s + pool.overhead_per_token_s * batch)
 
 
@@ -180,7 +194,7 @@ def latency_cap(pool: Pool, table: StepCostTable, target_s: float | None) -> int
     m = pool.open_survival.shape[0]
     if target_s is None:
         return m
-    within = (table.costs(pool.base_tokens + torch.arange(m + 1)) <= target_s).long().cumprod(0)
+    within = (table.costs(pool.batch_tokens) <= target_s).long().cumprod(0)
     return max(int(within.sum()) - 1, 0)
 
 
@@ -192,7 +206,8 @@ def make_plan(cands: Candidates, admitted: torch.Tensor, extra_tokens: int) -> V
     selections = tuple(torch.cat([torch.zeros(1, dtype=torch.long), part])
                        for part in torch.split(nodes, lengths.tolist()))
     tau = cands.n_requests + float(cands.survival[admitted].sum())
-    return VerifyPlan(selections, lengths, cands.n_requests + int(lengths.sum()) + extra_tokens, tau)
+    width = int(lengths.max()) if cands.n_requests else 0
+    return VerifyPlan(selections, lengths, cands.n_requests * (1 + width) + extra_tokens, tau)
 
 
 class BudgetScheduler:

@@ -57,6 +57,19 @@ def test_the_best_requests_speculate_first():
     assert top.speculate.tolist() == [False, True]
 
 
+def test_the_batch_is_priced_padded_to_the_widest_request():
+    """Verifying costs 1 s plus 0.25 s per row beyond 2. Alone, 4 verified drafts make 5 rows (1.75 s): 2 tokens
+    per 1.75 s beats 1 per second. Beside an idle request they make 2 x 5 rows (3 s): 3 tokens per 3 s lose to
+    2 per second (unpadded, 6 rows and 2 s, they would win)."""
+    steep = StepCostTable((2, 10), (1.0, 3.0))
+    zero = LinearCost(0.0)
+    model = StepCosts(steep, draft=zero, floor=zero, tail=zero, host=zero)
+    alone = choose([Outlook(1.0, 4.0)], model, 0.0)
+    assert alone.speculate.tolist() == [True] and alone.predicted_gain == pytest.approx(2 / 1.75)
+    beside = choose([Outlook(1.0, 4.0), Outlook(0.0, 0.0)], model, 0.0)
+    assert beside.speculate.tolist() == [False, False] and beside.predicted_gain == 1.0
+
+
 def test_new_requests_and_probe_steps_speculate_regardless():
     outlooks = [None, Outlook(0.0, 0.0)]
     assert choose(outlooks, costs(), margin=0.0).speculate.tolist() == [True, False]

@@ -12,12 +12,13 @@ from sgl_dspark.config import SCHEDULER_MODES, load_config
 from sgl_dspark.cost import StepCostTable
 from sgl_dspark.scheduler import (SCHEDULERS, BudgetScheduler, Knobs, LaggedScheduler, PlanInput,
                                   PrefixScheduler, StepResult, VerifyAll, candidates, early_stop_budget,
-                                  global_budget, make_pool, make_scheduler, path_products, rank_within_request,
-                                  throughput)
+                                  global_budget, make_pool, make_scheduler, padded_tokens, path_products,
+                                  rank_within_request, throughput)
 from sgl_dspark.tree import DraftTree, depths, survival
 
 KNOBS = Knobs(min_verify=0, max_verify=None, latency_target_s=None, refit_alpha=0.0)
-# B -> seconds; Theta for the two-request batch below: [2.0, 2.9, 3.291, 3.433, 2.913, 2.257]
+# B -> seconds; Theta for the two-request batch below (rows padded to the widest request, B = 2, 4, 6, 6, 6, 8):
+# [2.0, 2.636, 2.413, 2.747, 2.913, 1.806]
 TABLE = StepCostTable((2, 3, 4, 5, 6, 7), (1.0, 1.0, 1.1, 1.2, 1.5, 2.0))
 
 
@@ -61,35 +62,46 @@ def test_candidates_are_in_survival_order():
 
 def test_prefix_two_requests_literal():
     plan = PrefixScheduler(KNOBS, TABLE).plan(TWO)
-    assert selected(plan) == [[0, 1, 2], [0, 1]]
-    assert plan.verify_lengths.tolist() == [2, 1]
-    assert plan.batch_tokens == 5 and plan.expected_accepts == pytest.approx(2 + 0.9 + 0.72 + 0.5)
+    assert selected(plan) == [[0, 1], [0]]
+    assert plan.verify_lengths.tolist() == [1, 0]  # the second node of request 0 widens the batch: it does not pay
+    assert plan.batch_tokens == 4 and plan.expected_accepts == pytest.approx(2 + 0.9)
 
 
 def test_throughput_curve_literal():
     c = candidates(TWO.trees)
     everything = torch.ones(5, dtype=torch.bool)
     theta = throughput(make_pool(c, ~everything, everything, TWO), TABLE)
-    assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.9, 3.291, 3.433, 2.913, 2.257]
+    assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.636, 2.413, 2.747, 2.913, 1.806]
+
+
+def test_padded_tokens_price_the_widest_request():
+    two = PlanInput((chain(0.9, 0.8), chain(0.5)))
+    c = candidates(two.trees)  # admission order: request 0, request 0, request 1
+    everything = torch.ones(3, dtype=torch.bool)
+    assert padded_tokens(c, ~everything, everything, 0).tolist() == [2, 4, 6, 6]
+    forced = torch.tensor([False, False, True])  # request 1's node forced in: width 1 from the start
+    assert padded_tokens(c, forced, ~forced, 3).tolist() == [7, 7, 9]
+    assert padded_tokens(candidates(()), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
+                         0).tolist() == [0]
 
 
 def test_whole_step_overhead_prices_the_budget():
     """The step's seconds besides the verify forward join the table: a fixed second flattens the curve (tau / (table
-    + 1)); a second per batch token makes every row dear, so the early stop admits one node instead of three."""
+    + 1)); a second per batch token makes every row dear, so the early stop admits no node instead of one."""
     c = candidates(TWO.trees)
     everything = torch.ones(5, dtype=torch.bool)
     fixed = dataclasses.replace(TWO, overhead_s=1.0)
     theta = throughput(make_pool(c, ~everything, everything, fixed), TABLE)
-    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.45, 1.724, 1.873, 1.748, 1.505]
+    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.381, 1.448, 1.648, 1.748, 1.29]
     per_token = dataclasses.replace(TWO, overhead_per_token_s=1.0)
-    assert PrefixScheduler(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [2, 1]
-    assert PrefixScheduler(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [1, 0]
+    assert PrefixScheduler(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [1, 0]
+    assert PrefixScheduler(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [0, 0]
 
 
 def test_off_verifies_everything_drafted():
     plan = VerifyAll(KNOBS).plan(TWO)
     assert selected(plan) == [[0, 1, 2, 3], [0, 1, 2]]
-    assert plan.verify_lengths.tolist() == [3, 2] and plan.batch_tokens == 7
+    assert plan.verify_lengths.tolist() == [3, 2] and plan.batch_tokens == 8  # 2 x (1 + 3)
 
 
 def test_lagged_uses_the_budget_of_two_plans_ago():
@@ -155,7 +167,7 @@ def test_every_mode_selects_prefix_closed_sets_with_the_root(mode):
                 assert all(int(t.parents[i]) in nodes for i in nodes[1:])
                 assert knobs.max_verify is None or length <= knobs.max_verify
                 assert length >= min(knobs.min_verify, t.size - 1)
-            assert plan.batch_tokens == len(trees) + int(plan.verify_lengths.sum())
+            assert plan.batch_tokens == len(trees) * (1 + int(plan.verify_lengths.max()))
 
 
 def test_min_and_max_verify():
@@ -171,7 +183,7 @@ def test_min_and_max_verify():
 def test_latency_target_shrinks_the_batch():
     linear = StepCostTable((1, 10), (0.010, 0.019))  # 1 ms per token beyond the first; tokens nearly free
     batch = PlanInput((chain(0.9, 0.9, 0.9), chain(0.9, 0.9)))
-    assert PrefixScheduler(KNOBS, linear).plan(batch).batch_tokens == 7
+    assert PrefixScheduler(KNOBS, linear).plan(batch).batch_tokens == 8  # 2 x (1 + 3)
     plan = PrefixScheduler(Knobs(0, None, 0.0135, 0.0), linear).plan(batch)  # B <= 4.5 tokens
     assert plan.batch_tokens == 4 and selected(plan) == [[0, 1], [0, 1]]
     floor = PrefixScheduler(Knobs(1, None, 0.001, 0.0), linear).plan(batch)  # forced nodes stay in
@@ -180,8 +192,8 @@ def test_latency_target_shrinks_the_batch():
 
 def test_extra_tokens_count_in_the_batch():
     plan = PrefixScheduler(KNOBS, TABLE).plan(PlanInput(TWO.trees, extra_tokens=2))
-    assert plan.batch_tokens == 2 + 2 + int(plan.verify_lengths.sum())
-    assert selected(plan) == [[0, 1], [0]]  # B starts at 4: Theta 2/1.1, 2.9/1.2, 3.62/1.5 -> stop
+    assert plan.batch_tokens == 2 + 2 * (1 + int(plan.verify_lengths.max()))
+    assert selected(plan) == [[0, 1], [0]]  # B starts at 4: Theta 2/1.1, 2.9/1.5, 3.62/2.0 (padded) -> stop
 
 
 def test_empty_batch_and_zero_survival():
