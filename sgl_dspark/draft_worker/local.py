@@ -1,11 +1,16 @@
 """The in-process draft client: a slot-indexed store of context K/V rows plus the Proposer.
 
-Also the engine the draft-worker process runs, so both paths draft identically. Must not touch SGLang.
+Also the engine the draft-worker process runs, so both paths draft identically. In SGLang's own process it runs
+behind `GuardedDraftClient`, which turns any drafter exception into the same DraftWorkerUnavailable the worker
+process's faults raise. Must not touch SGLang.
 """
+
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
-from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorkerUnavailable
 from sgl_dspark.drafter import ContextKV, DraftKnobs, DSparkDrafter, Proposer, ProposeInput
 from sgl_dspark.drafter.context import gather_padded
 from sgl_dspark.tree import DraftTree
@@ -56,3 +61,47 @@ class LocalDraftClient:
 
     def close(self) -> None:
         pass
+
+
+T = TypeVar("T")
+
+
+class GuardedDraftClient:
+    """An engine running in SGLang's own process, as the SGLang worker uses it: any exception the drafter raises
+    becomes DraftWorkerUnavailable (cause "error"), so the step decodes without drafts, counted and logged, and the
+    server stays up. A failed context write leaves stale rows for those slots: later drafts from them may be
+    rejected more often, never accepted unverified."""
+
+    def __init__(self, engine: LocalDraftClient) -> None:
+        self.engine = engine
+        self.generation = 0  # never restarted
+        self.arena_bytes = 0  # no shared memory
+
+    @property
+    def ahead_hits(self) -> int:
+        return self.engine.ahead_hits
+
+    @property
+    def worker_drafted(self) -> int:
+        return self.engine.worker_drafted
+
+    def write_context(self, update: ContextUpdate) -> None:
+        guarded(self.engine.write_context, update)
+
+    def propose(self, batch: DraftBatch) -> list[DraftTree]:
+        return guarded(self.engine.propose, batch)
+
+    def draft_ahead(self, batch: DraftBatch) -> None:
+        guarded(self.engine.draft_ahead, batch)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def guarded(call: Callable[..., T], *args) -> T:
+    try:
+        return call(*args)
+    except DraftWorkerUnavailable:
+        raise
+    except Exception as exc:  # the drafter's fault, whatever it is, must not reach SGLang's scheduler loop
+        raise DraftWorkerUnavailable(f"in-process drafter: {type(exc).__name__}: {exc}", "error") from exc

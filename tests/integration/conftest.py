@@ -43,14 +43,16 @@ def random_drafter_path(default_model_path, tmp_path_factory) -> str:
 
 
 def dspark_spec(model_path: str, drafter_path: str, *flags: str, max_running_requests: int = 4,
-                gate: bool = False) -> ServerSpec:
+                gate: bool = False, draft_process: bool | None = None) -> ServerSpec:
     """A DSPARK server. The gate (which requests draft each step, from measured step costs) is off unless asked for
     (explicitly, whatever the default): tests of the verify path need every request to draft every step, whatever
-    the machine's timings; the gate's own tests (test_dspark_gate.py) turn it on."""
+    the machine's timings; the gate's own tests (test_dspark_gate.py) turn it on. `draft_process`: the drafter in
+    a worker process (true) or in SGLang's (false); None leaves the default, which most tests exercise."""
+    where = () if draft_process is None else ("--speculative-dspark-draft-process", str(draft_process).lower())
     return ServerSpec(model_path, port=free_port(), max_running_requests=max_running_requests,
                       speculative_args=("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
                                         drafter_path, "--speculative-dspark-gate", "true" if gate else "false",
-                                        *flags))
+                                        *where, *flags))
 
 
 @pytest.fixture(scope="module")

@@ -158,9 +158,10 @@ class LoadRun:
 
 @pytest.fixture(scope="module")
 def server(default_model_path, random_drafter_path, tmp_path_factory):
-    """DSPARK with the random drafter, 16 request slots, /metrics and lookup (draft-side state per request)."""
+    """DSPARK with the random drafter in a worker process (killed below), 16 request slots, /metrics and lookup
+    (draft-side state per request)."""
     spec = dspark_spec(default_model_path, random_drafter_path, "--speculative-dspark-lookup", "true",
-                       max_running_requests=CONCURRENCY)
+                       max_running_requests=CONCURRENCY, draft_process=True)
     spec = dataclasses.replace(spec, extra_args=("--enable-metrics",))
     with serving(spec, tmp_path_factory.mktemp("load-faults")) as running:
         yield running

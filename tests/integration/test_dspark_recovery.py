@@ -30,8 +30,10 @@ DRAFTED = "sglang:dspark_draft_worker_drafted_nodes"
 
 @pytest.fixture(scope="module")
 def server(default_model_path, random_drafter_path, tmp_path_factory):
-    """DSPARK with the random drafter and /metrics (the worker-owned draft count is read there)."""
-    spec = dataclasses.replace(dspark_spec(default_model_path, random_drafter_path), extra_args=("--enable-metrics",))
+    """DSPARK with the random drafter in a worker process and /metrics (the worker-owned draft count is read
+    there)."""
+    spec = dataclasses.replace(dspark_spec(default_model_path, random_drafter_path, draft_process=True),
+                               extra_args=("--enable-metrics",))
     with serving(spec, tmp_path_factory.mktemp("recovery")) as running:
         yield running
 

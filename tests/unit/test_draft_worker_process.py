@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from sgl_dspark.draft_worker.client import (ContextUpdate, DraftBatch, DraftReplyInvalid, DraftWorkerUnavailable,
                                             ShmFull)
-from sgl_dspark.draft_worker.local import LocalDraftClient
+from sgl_dspark.draft_worker.local import GuardedDraftClient, LocalDraftClient
 from sgl_dspark.draft_worker.messages import (Ack, Error, Init, Ping, Pong, Propose, Proposed, Ready, Shutdown,
                                               TensorRef, WriteContext)
 from sgl_dspark.draft_worker.process import Worker, load_target_weights
@@ -461,3 +461,25 @@ def test_the_local_client_counts_its_drafts_and_is_never_restarted(folders):
         local.write_context(u)
     trees = local.propose(batch(updates, (GREEDY, GREEDY, GREEDY)))
     assert local.worker_drafted == sum(t.size - 1 for t in trees) and local.generation == local.arena_bytes == 0
+
+
+def test_the_guarded_in_process_client_drafts_as_the_engine_and_turns_its_faults_into_unavailable(folders):
+    """In SGLang's process the engine runs behind GuardedDraftClient: the same drafts while it works; a context row
+    it cannot store or a batch it cannot draft raises DraftWorkerUnavailable ("error", naming the fault), which the
+    SGLang worker turns into a step without drafts, and the client keeps drafting afterwards."""
+    plain, guarded = local_client(folders), GuardedDraftClient(local_client(folders))
+    updates = context()
+    for client in (plain, guarded):
+        for u in updates:
+            client.write_context(u)
+    b = batch(updates, (GREEDY, GREEDY, GREEDY))
+    assert_same_trees(guarded.propose(b), plain.propose(b))
+    assert guarded.worker_drafted == plain.worker_drafted > 0 and guarded.generation == 0
+    bad_width = ContextUpdate(updates[0].slots, torch.arange(5), torch.randn(5, 63))
+    with pytest.raises(DraftWorkerUnavailable, match="in-process drafter: RuntimeError") as info:
+        guarded.write_context(bad_width)
+    assert info.value.cause == "error"
+    out_of_range = DraftBatch((torch.tensor([NUM_SLOTS + 5]),), torch.tensor([7]), torch.tensor([1]), (GREEDY,))
+    with pytest.raises(DraftWorkerUnavailable, match="in-process drafter: IndexError"):
+        guarded.propose(out_of_range)
+    assert_same_trees(guarded.propose(b), plain.propose(b))
