@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_dspark.calibration import DEFAULT_BINS, ece, prefix_events
+from sgl_dspark.calibration import DEFAULT_BINS, ece, prefix_events, reliability_bins
 from sgl_dspark.trace import StepTrace
 
 TABLE_START = "<!-- acceptance-table:start -->"
@@ -106,20 +106,6 @@ def chain_records(traces: Sequence[StepTrace]) -> tuple[torch.Tensor, torch.Tens
         accepted[n, :t.chain_accepted] = True
         valid[n, :len(t.chain_conf)] = True
     return conf, accepted, valid
-
-
-def reliability_bins(prob: torch.Tensor, label: torch.Tensor, bins: int = DEFAULT_BINS):
-    """prob [n], label [n] -> (count, mean prob, label rate) per equal-width bin, binned as calibration.ece bins.
-    Example: prob [0.1, 0.15, 0.9], label [0, 1, 1], 2 bins -> (2, 1), (0.125, 0.9), (0.5, 1.0)."""
-    index = (prob.double() * bins).long().clamp(0, bins - 1)
-    count = torch.bincount(index, minlength=bins)
-    prob_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, prob.double())
-    label_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, label.double())
-
-    def mean(sums: torch.Tensor) -> tuple[float | None, ...]:
-        return tuple(float(s) / int(c) if c else None for s, c in zip(sums, count))
-
-    return tuple(count.tolist()), mean(prob_sum), mean(label_sum)
 
 
 def reliability(conf: torch.Tensor, accepted: torch.Tensor, valid: torch.Tensor,

@@ -26,7 +26,7 @@ class DSparkLaunch:
     config: DSparkConfig
     drafter_path: str  # the drafter checkpoint folder (--speculative-draft-model-path)
     drafter: DrafterConfig = dataclasses.field(repr=False)  # its config.json, checked against the target
-    draft_knobs: DraftKnobs = dataclasses.field(repr=False)  # the drafter's share of the knobs, with STS temperatures
+    draft_knobs: DraftKnobs = dataclasses.field(repr=False)  # the drafter's share of the knobs, with its calibration
     lookup: LookupKnobs | None = dataclasses.field(repr=False)  # the lookup branch's knobs; None: lookup off
     draft_nodes: int  # most draft nodes one request verifies per step, anchor excluded
     cost_table: StepCostTable | None = dataclasses.field(repr=False)  # the cost_table knob's; None: profile one
@@ -34,11 +34,12 @@ class DSparkLaunch:
 
     @classmethod
     def of(cls, config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, attention_backend: str | None,
-           temperatures: tuple[float, ...] = (), cost_table: StepCostTable | None = None) -> "DSparkLaunch":
+           calibration: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
+           cost_table: StepCostTable | None = None) -> "DSparkLaunch":
         """The record from what was read; the verify width is computed here, once (DSparkConfig.verify_nodes).
         ValueError if the knobs do not fit the drafter's gamma."""
         lookup = config.lookup_knobs() if config.lookup else None
-        return cls(config, drafter_path, drafter, config.draft_knobs(temperatures), lookup,
+        return cls(config, drafter_path, drafter, config.draft_knobs(*calibration), lookup,
                    config.verify_nodes(drafter.gamma), cost_table, attention_backend)
 
     @property

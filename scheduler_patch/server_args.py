@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from sgl_dspark.calibration import drafter_temperatures
+from sgl_dspark.calibration import drafter_calibration
 from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag, config_from_flags
 from sgl_dspark.cost import StepCostTable, load_cost_table
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config
@@ -148,16 +148,16 @@ def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
 
 
 def _launch(config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, backend: str | None) -> DSparkLaunch:
-    temperatures, table = _temperatures(config, drafter_path), _cost_table(config)
+    calibration, table = _calibration(config, drafter_path), _cost_table(config)
     try:
-        return DSparkLaunch.of(config, drafter_path, drafter, backend, temperatures, table)
+        return DSparkLaunch.of(config, drafter_path, drafter, backend, calibration, table)
     except ValueError as e:
         raise StartupError(f"DSpark config does not fit the drafter (block_size {drafter.gamma}): {e}") from e
 
 
-def _temperatures(config: DSparkConfig, drafter_path: str) -> tuple[float, ...]:
+def _calibration(config: DSparkConfig, drafter_path: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     try:
-        return drafter_temperatures(config.calibration, drafter_path)
+        return drafter_calibration(config.calibration, drafter_path)
     except ValueError as e:
         raise StartupError(f"DSpark config: {e}") from e
 

@@ -38,7 +38,7 @@ class DSparkConfig:
     cost_refit_alpha: float  # weight of one measured step in the online cost-table refit (0: frozen table)
     cost_table: str | None  # step-cost table JSON (sgl_dspark.cost); None: profile at start-up
     cost_table_out: str | None  # write the table (profiled/loaded, then refitted) here; None: do not save
-    calibration: str | None  # STS temperatures JSON (sgl_dspark.calibration); None: raw confidences
+    calibration: str | None  # calibration JSON (sgl_dspark.calibration); None: the drafter's calibration.json if any
     draft_vocab: str | None  # reduced draft vocabulary file; None: the target's full vocabulary
     lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
     draft_process: bool  # draft in a separate worker process (true) or in the scheduler process (false)
@@ -91,13 +91,14 @@ class DSparkConfig:
         nodes = self.draft_knobs().resolve(gamma).max_nodes + (self.lookup_knobs().max_nodes if self.lookup else 0)
         return nodes if self.max_verify is None else min(nodes, self.max_verify)
 
-    def draft_knobs(self, temperatures: tuple[float, ...] = ()):
-        """The drafter's share of the knobs (sgl_dspark.drafter.knobs.DraftKnobs), with the STS temperatures
-        loaded from `calibration`; imported here so the config stays importable without the drafter."""
+    def draft_knobs(self, temperatures: tuple[float, ...] = (), biases: tuple[float, ...] = ()):
+        """The drafter's share of the knobs (sgl_dspark.drafter.knobs.DraftKnobs), with the calibration
+        (temperatures, biases) loaded from `calibration`; imported here so the config stays importable without the
+        drafter."""
         from sgl_dspark.drafter.knobs import DraftKnobs
 
         return DraftKnobs(self.max_window, self.min_window, self.survival_threshold, self.tree_width,
-                          self.branch_threshold, self.max_tree_nodes, tuple(temperatures))
+                          self.branch_threshold, self.max_tree_nodes, tuple(temperatures), tuple(biases))
 
 
 def invalid(name: str, value: Any, allowed: str) -> ValueError:

@@ -15,7 +15,8 @@ class DraftKnobs:
     tree_width: int = 1  # 1: chain; else up to tree_width-1 extra children at low-confidence positions
     branch_threshold: float = 0.0  # branch where a node's calibrated confidence is below this
     max_nodes: int | None = None  # draft nodes per request, anchor excluded; None: max_window * tree_width
-    confidence_temperatures: tuple[float, ...] = ()  # STS temperature per draft position; missing: T = 1
+    confidence_temperatures: tuple[float, ...] = ()  # calibration temperature per draft position; missing: T = 1
+    confidence_biases: tuple[float, ...] = ()  # calibration bias per draft position; missing: b = 0
 
     def __post_init__(self) -> None:
         if self.min_window < 0:
@@ -39,7 +40,7 @@ class DraftKnobs:
             raise ValueError(f"max_nodes {nodes} must be >= max_window {window}")
         return replace(self, max_window=window, max_nodes=nodes)
 
-    def temperature(self, depth: int) -> float:
-        """STS temperature of draft position `depth` (1-based)."""
-        temps = self.confidence_temperatures
-        return temps[depth - 1] if depth <= len(temps) else 1.0
+    def calibration(self, depth: int) -> tuple[float, float]:
+        """(temperature, bias) of draft position `depth` (1-based; sgl_dspark.calibration.calibrated)."""
+        temps, biases = self.confidence_temperatures, self.confidence_biases
+        return (temps[depth - 1] if depth <= len(temps) else 1.0, biases[depth - 1] if depth <= len(biases) else 0.0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_dspark.calibration import calibrate_confidence
+from sgl_dspark.calibration import calibrated
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.drafter.model import DSparkDrafter
 from sgl_dspark.drafter.sampler import alternatives, sample_rows
@@ -95,13 +95,13 @@ class _Budget:
         return True
 
 
-def confidence(drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor, temperature: float) -> torch.Tensor:
-    """hidden [F, H], prev [F] -> calibrated c [F] (all ones without a confidence head)."""
+def confidence(drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor,
+               calibration: tuple[float, float]) -> torch.Tensor:
+    """hidden [F, H], prev [F], (temperature, bias) -> calibrated c [F] (all ones without a confidence head)."""
     raw = drafter.confidence_logit(hidden, prev)
     if raw is None:
         return torch.ones(hidden.shape[0], device=hidden.device)
-    c = torch.sigmoid(raw)
-    return c if temperature == 1.0 else calibrate_confidence(c[:, None], torch.tensor([temperature]))[:, 0]
+    return torch.sigmoid(raw) if calibration == (1.0, 0.0) else calibrated(raw.float(), *calibration)
 
 
 def certain_depths(knobs: DraftKnobs) -> int:
@@ -238,7 +238,7 @@ def grow_trees(drafter: DSparkDrafter, hidden: torch.Tensor, anchors: torch.Tens
         if frontier.size == 0:
             break
         h_k = hidden[:, depth - 1]
-        conf = confidence(drafter, h_k[frontier.req], frontier.prev, knobs.temperature(depth))
+        conf = confidence(drafter, h_k[frontier.req], frontier.prev, knobs.calibration(depth))
         keep = admit(frontier, conf, depth, budget)
         frontier, conf = frontier.take(keep), conf[keep]
         if frontier.size == 0:

@@ -188,7 +188,9 @@ def answer_all(base_url: str, todo: list[Question], max_new_tokens: int, concurr
             tokens += len(ids)
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
     finally:
-        pool.shutdown(cancel_futures=True)  # on a failure, stop at once instead of answering the whole queue
+        # on a failure or Ctrl-C, stop at once: queued questions are dropped, in-flight ones end with the server (a
+        # rerun asks them again)
+        pool.shutdown(wait=False, cancel_futures=True)
     return tokens
 
 

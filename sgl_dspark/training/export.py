@@ -133,9 +133,11 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
         lines += ["## Notes", notes.strip(), ""]
     cal = run / "checkpoint" / "calibration.json"
     if cal.is_file():
-        lines += ["## Calibration", "`python -m sgl_dspark.training.calibrate` fitted per-position temperatures on",
-                  "held-out rollouts (`calibration.json`, read by the server from this folder):", "```",
-                  cal.read_text().strip(), "```", ""]
+        lines += ["## Calibration", "`python -m sgl_dspark.training.calibrate` fitted a temperature (and, since",
+                  "2026-12-01, a bias) per draft position on held-out rollouts (`calibration.json`, read by the server",
+                  "from this folder):", "```", cal.read_text().strip(), "```", ""]
+        if (cal.parent / "reliability.png").is_file():
+            lines += ["![reliability before and after](reliability.png)", ""]
     return "\n".join(lines)
 
 
@@ -146,8 +148,9 @@ def export(run: Path, data: Path, out: Path, dtype: torch.dtype, command: str, n
                          "(is it a `python -m sgl_dspark.training.trainer` run folder?)")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / CONFIG_FILE, out / CONFIG_FILE)
-    if (src / "calibration.json").is_file():
-        shutil.copy(src / "calibration.json", out / "calibration.json")
+    for name in ("calibration.json", "reliability.png"):
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
     cast_weights(src, out, dtype)
     curve = read_curve(run)
     manifest = json.loads((data / "manifest.json").read_text())

@@ -61,14 +61,15 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
     assert len(curve[-1]["cond_accept"]) == 7
     run("sgl_dspark.training.calibrate", "--drafter", str(run_dir / "checkpoint"), "--data", str(data_dir),
         "--target", default_model_path, "--records", "2")
-    temps = json.loads((run_dir / "checkpoint" / "calibration.json").read_text())["temperatures"]
-    assert len(temps) == 7 and all(t > 0 for t in temps)
+    fitted = json.loads((run_dir / "checkpoint" / "calibration.json").read_text())
+    assert len(fitted["temperatures"]) == len(fitted["biases"]) == 7 and all(t > 0 for t in fitted["temperatures"])
+    assert (run_dir / "checkpoint" / "reliability.png").stat().st_size > 0
     out = tmp_path / "shipped"
     run("sgl_dspark.training.export", "--run", str(run_dir), "--data", str(data_dir), "--out", str(out))
     target = TargetSpec.from_hf_config(json.loads(Path(default_model_path, "config.json").read_text()))
     assert load_drafter(out, target).config.gamma == 7
     assert "Held-out accepted length" in (out / "README.md").read_text()
-    assert (out / "calibration.json").is_file()
+    assert (out / "calibration.json").is_file() and (out / "reliability.png").is_file()
 
 
 def test_bad_data_folder_is_one_line(tmp_path):

@@ -130,10 +130,10 @@ def test_cli_flags_map_to_knobs():
 
 def test_draft_knobs_carry_the_drafting_share():
     pytest.importorskip("sgl_dspark.drafter.knobs")
-    knobs = load_config("tree", {"max_window": 5, "survival_threshold": 0.1}).draft_knobs((1.5, 2.0))
+    knobs = load_config("tree", {"max_window": 5, "survival_threshold": 0.1}).draft_knobs((1.5, 2.0), (-0.5,))
     assert (knobs.max_window, knobs.tree_width, knobs.max_nodes) == (5, 3, 16)
     assert (knobs.survival_threshold, knobs.branch_threshold) == (0.1, 0.6)
-    assert knobs.temperature(2) == 2.0
+    assert knobs.calibration(1) == (1.5, -0.5) and knobs.calibration(2) == (2.0, 0.0)
 
 
 def test_the_verify_width_counts_lookup_nodes_and_the_cap():

@@ -110,8 +110,8 @@ def test_gather_padded_matches_pad_contexts():
 
 
 def test_knobs_resolve_and_temperature():
-    k = DraftKnobs(tree_width=2, confidence_temperatures=(2.0,)).resolve(gamma=5)
-    assert (k.max_window, k.max_nodes, k.temperature(1), k.temperature(2)) == (5, 10, 2.0, 1.0)
+    k = DraftKnobs(tree_width=2, confidence_temperatures=(2.0,), confidence_biases=(0.3,)).resolve(gamma=5)
+    assert (k.max_window, k.max_nodes, k.calibration(1), k.calibration(2)) == (5, 10, (2.0, 0.3), (1.0, 0.0))
     with pytest.raises(ValueError, match="max_window 1 must be >="):
         DraftKnobs(min_window=2, max_window=1)
     with pytest.raises(ValueError, match="tree_width"):
