@@ -1,7 +1,8 @@
 """`python -m sgl_dspark.training.export`: a training run folder -> a shippable drafter folder with its model card.
 
 Casts the checkpoint's floating weights (bf16 by default, to fit the repo), copies the calibration, and writes
-README.md (the model card: training command, data recipe, time, tau curve table) plus curve.png. Owns only the
+README.md (the model card: training command, data recipe, time, tau curve table) plus curve.png, and what
+`trainer --init-from` continues from: curve.jsonl and training_state.json (steps and minutes so far). Owns only the
 packaging; the numbers come from the run's own files (run.json, curve.jsonl, the data manifest).
 """
 
@@ -18,6 +19,7 @@ from sgl_dspark import cli
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_drafter_config
 
 CARD_FILE = "README.md"
+STATE_FILE = "training_state.json"  # {"steps", "minutes"} of all training so far: `trainer --init-from` reads it
 CURVE_PNG = "curve.png"
 
 
@@ -153,6 +155,8 @@ def export(run: Path, data: Path, out: Path, dtype: torch.dtype, command: str, n
             shutil.copy(src / name, out / name)
     cast_weights(src, out, dtype)
     curve = read_curve(run)
+    shutil.copy(run / "curve.jsonl", out / "curve.jsonl")  # what `trainer --init-from` continues (small)
+    (out / STATE_FILE).write_text(json.dumps({"steps": curve[-1]["step"], "minutes": curve[-1]["minutes"]}) + "\n")
     manifest = json.loads((data / "manifest.json").read_text())
     size_mb = (out / WEIGHTS_FILE).stat().st_size / 2**20
     plot_curve(curve, out / CURVE_PNG, {"random init (facts file)": RANDOM_INIT_CURVE})

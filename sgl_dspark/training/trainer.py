@@ -1,8 +1,10 @@
 """`python -m sgl_dspark.training.trainer`: target + distillation data + shape preset -> a published-format drafter.
 
-The target stays frozen; the drafter starts from the target's top layers (sgl_dspark.training.init) and learns
-the paper's loss on random anchors. A time budget bounds the run; state is saved every few minutes and a rerun
-with the same --out resumes. Held-out accepted length (tau) is measured along the way into OUT/curve.jsonl.
+The target stays frozen; the drafter starts from the target's top layers (sgl_dspark.training.init), or with
+--init-from from an exported drafter folder (a long run continued on another machine: its weights, and the steps,
+minutes and curve its `training_state.json` and `curve.jsonl` record, so the curve goes on where it stopped), and
+learns the paper's loss on random anchors. A time budget bounds the run; state is saved every few minutes and a
+rerun with the same --out resumes. Held-out accepted length (tau) is measured along the way into OUT/curve.jsonl.
 Owns the loop, checkpoints and the progress bar; the math lives in sgl_dspark.training.
 """
 
@@ -26,6 +28,7 @@ from tqdm import tqdm
 
 from sgl_dspark import cli
 from sgl_dspark.training.data import read_records
+from sgl_dspark.training.export import STATE_FILE
 from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
 from sgl_dspark.drafter.config import TargetSpec
 from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
@@ -52,6 +55,23 @@ class RunSpec:
     eval_every_min: float
     eval_records: int
     seed: int
+    init_from: str | None = None  # an exported drafter folder to continue from
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Training an --init-from drafter already had: curve rows count from there."""
+
+    steps: int = 0
+    minutes: float = 0.0
+
+
+def read_offset(drafter_path: Path) -> Offset:
+    state = drafter_path / STATE_FILE
+    if not state.is_file():
+        return Offset()
+    doc = json.loads(state.read_text())
+    return Offset(int(doc["steps"]), float(doc["minutes"]))
 
 
 def optimizer_for(drafter: DSparkDrafter, spec: RunSpec) -> torch.optim.Optimizer:
@@ -100,10 +120,14 @@ def train(spec: RunSpec) -> dict:
     if not train_ex or not held:
         raise ValueError(f"training data {spec.data}: train.jsonl and heldout.jsonl must both hold records")
     resume = (out / "state.pt").is_file()
-    if resume:
+    offset = read_offset(Path(spec.init_from)) if spec.init_from else Offset()
+    if resume or spec.init_from:
         spec_t = TargetSpec.from_hf_config(target.model.config.to_dict())
-        drafter = load_drafter(out / "checkpoint", spec_t, TargetWeights(target.embed.float(), target.lm_head.float()))
+        drafter = load_drafter(out / "checkpoint" if resume else spec.init_from, spec_t,
+                               TargetWeights(target.embed.float(), target.lm_head.float()))
         drafter.requires_grad_(True).train()
+        if not resume and (Path(spec.init_from) / "curve.jsonl").is_file():  # the curve so far, then this run's
+            (out / "curve.jsonl").write_text((Path(spec.init_from) / "curve.jsonl").read_text())
     else:
         drafter = build_drafter(spec, target, train_ex).train()
     drafter.to(device)
@@ -116,25 +140,26 @@ def train(spec: RunSpec) -> dict:
         step, elapsed = state["step"], state["elapsed"]
     to_draft = draft_index(drafter.draft_to_target, drafter.config.vocab_size).to(device)
     cache = TargetCache(target, drafter.config.target_layer_ids, spec.cache_features)
-    return loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed)
+    return loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, offset)
 
 
-def evaluate(drafter, cache, held, to_draft, out: Path, step: int, minutes: float) -> dict:
+def evaluate(drafter, cache, held, to_draft, out: Path, step: int, minutes: float, offset: Offset) -> dict:
     drafter.eval()
-    row = {"step": step, "minutes": round(minutes, 2), **summarize(rollouts(drafter, cache, held, to_draft))}
+    row = {"step": offset.steps + step, "minutes": round(offset.minutes + minutes, 2),
+           **summarize(rollouts(drafter, cache, held, to_draft))}
     drafter.train()
     with (out / "curve.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
     return row
 
 
-def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed) -> dict:
+def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, offset: Offset) -> dict:
     out, rng = Path(spec.out), random.Random(spec.seed + step)
     gen = torch.Generator().manual_seed(spec.seed + step)
     weights, g = LossWeights(decay=float(drafter.config.gamma)), drafter.config.gamma
     budget_s, last_save, last_eval = spec.minutes * 60, elapsed, elapsed
     if step == 0:
-        tqdm.write(f"eval @0: {evaluate(drafter, cache, held, to_draft, out, 0, 0.0)}")
+        tqdm.write(f"eval @0: {evaluate(drafter, cache, held, to_draft, out, 0, 0.0, offset)}")
     bar = tqdm(total=int(budget_s), initial=int(elapsed), unit="s", desc="train", dynamic_ncols=True)
     running_acc = torch.zeros(g)
     by_source = [[i for i, e in enumerate(train_ex) if e.source == s] for s in sorted({e.source for e in train_ex})]
@@ -171,11 +196,11 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed) -> 
             save_state(out, drafter, opt, step, elapsed)
             last_save = elapsed
         if elapsed - last_eval > spec.eval_every_min * 60:
-            tqdm.write(f"eval @{elapsed / 60:.1f} min: {evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60)}")
+            tqdm.write(f"eval @{elapsed / 60:.1f} min: {evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60, offset)}")
             last_eval = elapsed
     bar.close()
     save_state(out, drafter, opt, step, elapsed)
-    final = evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60)
+    final = evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60, offset)
     tqdm.write(f"final eval: {final}")
     return final
 
@@ -196,13 +221,15 @@ def parse_args(argv: list[str] | None) -> RunSpec:
     p.add_argument("--eval-every-min", type=float, default=5.0)
     p.add_argument("--eval-records", type=int, default=12, help="held-out records per source")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-from", default=None,
+                   help="an exported drafter folder to continue training (its shape, vocabulary and curve)")
     a = p.parse_args(argv)
     if a.target is None:
         from sgl_dspark.tools.models import prepare
 
         a.target = str(prepare("float32").path)
     return RunSpec(a.target, a.data, a.out, a.preset, a.minutes, a.lr, a.copied_lr_scale, a.anchors, a.max_len,
-                   a.bf16, a.cache_features, a.eval_every_min, a.eval_records, a.seed)
+                   a.bf16, a.cache_features, a.eval_every_min, a.eval_records, a.seed, a.init_from)
 
 
 def main(argv: list[str] | None = None) -> int:

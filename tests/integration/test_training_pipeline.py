@@ -70,6 +70,14 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
     assert load_drafter(out, target).config.gamma == 7
     assert "Held-out accepted length" in (out / "README.md").read_text()
     assert (out / "calibration.json").is_file() and (out / "reliability.png").is_file()
+    state = json.loads((out / "training_state.json").read_text())
+    assert (state["steps"], state["minutes"]) == (curve[-1]["step"], curve[-1]["minutes"])
+    # a long run continues elsewhere from the exported folder alone: the curve goes on from its steps and minutes
+    more = tmp_path / "continued"
+    run("sgl_dspark.training.trainer", "--target", default_model_path, "--data", str(data_dir), "--out", str(more),
+        "--preset", "tiny", "--eval-records", "2", "--anchors", "16", "--minutes", "0.05", "--init-from", str(out))
+    rows = [json.loads(line) for line in more.joinpath("curve.jsonl").read_text().splitlines()]
+    assert rows[:len(curve)] == curve and rows[-1]["step"] > state["steps"] and rows[-1]["minutes"] > state["minutes"]
 
 
 def test_bad_data_folder_is_one_line(tmp_path):
