@@ -52,9 +52,10 @@ class WorkerSetup:
             from sgl_dspark.draft_worker.local import GuardedDraftClient, LocalDraftClient
             from sgl_dspark.drafter import load_drafter
 
-            dtype = getattr(torch, self.draft_dtype)  # the drafter runs on the CPU (no copy for a float32 CPU target)
-            weights = TargetWeights(self.target_weights.embed.to("cpu", dtype),
-                                    self.target_weights.lm_head.to("cpu", dtype))
+            dtype = getattr(torch, self.draft_dtype)
+            # the drafter runs on the CPU and borrows the target's own tables there (no copy for a CPU target): it
+            # casts the rows it looks up, and keeps only its draft vocabulary's LM-head rows in its own dtype
+            weights = TargetWeights(self.target_weights.embed.to("cpu"), self.target_weights.lm_head.to("cpu"))
             drafter = load_drafter(launch.drafter_path, self.target, weights, dtype)
             if self.config.cpu_gemm == "onednn" and onednn_available():
                 pack_drafter(drafter)

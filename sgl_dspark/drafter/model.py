@@ -64,7 +64,8 @@ class DSparkDrafter(nn.Module):
                 raise ValueError(f"target {name} has shape {tuple(w.shape)}, drafter expects {want}")
         self._target = target
         ids, lm_head = self.draft_to_target, target.lm_head.detach()
-        self._lm_rows = lm_head if ids is None else lm_head[ids.to(lm_head.device)]
+        rows = lm_head if ids is None else lm_head[ids.to(lm_head.device)]
+        self._lm_rows = rows.to(self.dtype)  # no copy when the dtypes agree; else only the draft vocabulary's rows
         self._lm_project = None
 
     def set_lm_projection(self, project: Callable[[torch.Tensor], torch.Tensor]) -> None:
