@@ -44,12 +44,16 @@ SETTINGS = {
                      "presence_penalty": 0.4, "repetition_penalty": 1.2},
 }
 SYNC_REFERENCE = ("t1-penalties",)
-CONFIGS = {"chain": (), "tree": ("--speculative-dspark-preset", "tree"),
-           "lookup": ("--speculative-dspark-lookup", "true")}
 # Every step verifies at least one draft, so every token after the first goes through rejection sampling: left to
 # itself, the prefix scheduler verifies none in most steps where the step-cost table says a second row per request
 # costs more than the ~0.5 token it would gain (16 requests at a time on this CPU).
 MIN_VERIFY = ("--speculative-dspark-min-verify", "1")
+# The lookup configuration drafts one drafter token and verifies two nodes a request: the drafter's and a copied
+# chain's first (or the chain's first two), so copied chains are verified every step whatever the step costs say
+# (with the verify batch priced as padded rows, a second row per request never pays at 16 requests).
+CONFIGS = {"chain": MIN_VERIFY, "tree": ("--speculative-dspark-preset", "tree", *MIN_VERIFY),
+           "lookup": ("--speculative-dspark-lookup", "true", "--speculative-dspark-max-window", "1",
+                      "--speculative-dspark-min-verify", "2")}
 SAMPLES = 300
 CONCURRENCY = 16  # DSPARK's requests in flight (and its max running requests): verify batches of up to 16
 P_FLOOR = 1e-3
@@ -117,7 +121,7 @@ def sampling_server(request, default_model_path, disagreeing_drafter_path, tmp_p
     """(configuration name, its DSPARK server, its step-trace path), one configuration at a time."""
     log_dir = tmp_path_factory.mktemp(f"dspark-sampling-{request.param}")
     trace = log_dir / "trace.jsonl"
-    spec = dspark_spec(default_model_path, disagreeing_drafter_path, *CONFIGS[request.param], *MIN_VERIFY,
+    spec = dspark_spec(default_model_path, disagreeing_drafter_path, *CONFIGS[request.param],
                        "--speculative-dspark-trace", str(trace), max_running_requests=CONCURRENCY)
     with serving(spec, log_dir) as server:
         yield request.param, server, trace
