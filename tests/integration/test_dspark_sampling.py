@@ -48,12 +48,14 @@ SYNC_REFERENCE = ("t1-penalties",)
 # itself, the prefix scheduler verifies none in most steps where the step-cost table says a second row per request
 # costs more than the ~0.5 token it would gain (16 requests at a time on this CPU).
 MIN_VERIFY = ("--speculative-dspark-min-verify", "1")
-# The lookup configuration drafts one drafter token and verifies two nodes a request: the drafter's and a copied
-# chain's first (or the chain's first two), so copied chains are verified every step whatever the step costs say
-# (with the verify batch priced as padded rows, a second row per request never pays at 16 requests).
+# The lookup configuration drafts one drafter token and verifies four nodes a request, so copied chains are
+# verified every step whatever the step costs say. Four, not two: the drafter's node and the copied chain's first
+# are mostly the same token (" "), folded into one node after selection, so with two only one node was verified
+# in 92% of the steps and CI saw no lookup-only token accepted; with four the chain's second and third nodes
+# (lookup-only) hang below it.
 CONFIGS = {"chain": MIN_VERIFY, "tree": ("--speculative-dspark-preset", "tree", *MIN_VERIFY),
            "lookup": ("--speculative-dspark-lookup", "true", "--speculative-dspark-max-window", "1",
-                      "--speculative-dspark-min-verify", "2")}
+                      "--speculative-dspark-min-verify", "4")}
 SAMPLES = 300
 CONCURRENCY = 16  # DSPARK's requests in flight (and its max running requests): verify batches of up to 16
 P_FLOOR = 1e-3
@@ -71,7 +73,8 @@ CONFIDENCE_RANGE = (0.05, 0.95)
 #   tree    t1 0.50 p 0.55    t0.7-top_p0.9 0.25 p 0.19
 #   lookup  t1 0.55 p 0.86    t0.7-top_p0.9 0.22 p 0.60
 # Step traces of that run: every step verified a draft (1.1-1.6 per step); ~190 residual draws per 300 samples at
-# temperature 1, ~110 at 0.7; lookup-only tokens accepted: 4 and 30. The module takes ~6 minutes.
+# temperature 1, ~110 at 0.7; lookup-only tokens accepted: 4 and 30. The module takes ~6 minutes. Lookup with
+# min-verify 4 (2026-12-02, t1 alone): rejected share 0.62, p 0.59, 151 lookup-only tokens accepted in 427 steps.
 # POWER, simulated from the target's exact distributions on PROMPT (HF model, float32), this drafter built from 300
 # exact samples, one verified draft per step, 200 simulated tests of 300 vs 300 samples at P_FLOOR. A correct
 # verifier was flagged 0 times. Flagged at temperature 1: a verifier that draws a rejected draft's replacement from
