@@ -98,12 +98,17 @@ def load_prompts(eval_dir: Path, sets: list[str], n: int, tokenizer) -> list[Pro
 
 # -- one server run ----------------------------------------------------------------------------------------------
 
+# Every request drafts every step: accepted length measures the drafter and the scheduler. With the gate on (the
+# serving default) steps it predicts will not pay draft nothing, and tau would measure the gate's choices instead.
+GATE_OFF = ("--speculative-dspark-gate", "false")
+
+
 def server_flags(variant: Variant, drafter: str, trace: Path, extra: list[str]) -> tuple[str, ...]:
     if variant.algorithm == "NGRAM":
         return ("--speculative-algorithm", "NGRAM", *(() if has_cuda() else ("--attention-backend", TORCH_BACKEND)))
     return ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", drafter,
             "--speculative-dspark-lookup", str(variant.lookup).lower(), "--speculative-dspark-trace", str(trace),
-            *extra)
+            *GATE_OFF, *extra)
 
 
 def request_id(variant: Variant, prompt: Prompt, temperature: float) -> str:
