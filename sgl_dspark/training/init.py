@@ -147,3 +147,51 @@ def output_rms(target: FrozenTarget, layer: torch.nn.Module, sample_ids: list[in
         for handle in handles:
             handle.remove()
     return seen
+
+
+def bigram_pmi(sequences: list[list[int]], draft_ids: torch.Tensor, smoothing: float = 1.0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences -> (prev ids [P], PMI [P, D]): for each token seen before another, log P(b | a) / P(b) over
+    the draft vocabulary `draft_ids` [D] (target ids), P(b | a) = c(a, b) / (c(a) + smoothing); pairs never seen
+    (and pairs whose next token is outside the draft vocabulary) get 0, so the bias stays neutral there.
+
+    Example: [[5, 7, 5, 7, 5, 8]], draft_ids [7, 8] -> prev [5] (7 -> 5 leaves the draft vocabulary), PMI
+    [[log((2/4) / (2/3)), log((1/4) / (1/3))]]."""
+    index = {int(t): i for i, t in enumerate(draft_ids.tolist())}
+    pairs = [(a, index[b]) for ids in sequences for a, b in zip(ids, ids[1:]) if b in index]
+    if not pairs:
+        return torch.empty(0, dtype=torch.long), torch.empty(0, draft_ids.shape[0])
+    prev = torch.tensor([a for a, _ in pairs])
+    nxt = torch.tensor([b for _, b in pairs])
+    rows, row_of = torch.unique(prev, return_inverse=True)
+    counts = torch.zeros(rows.shape[0], draft_ids.shape[0])
+    counts.index_put_((row_of, nxt), torch.ones(nxt.shape[0]), accumulate=True)
+    unigram = counts.sum(0) / counts.sum()
+    cond = counts / (counts.sum(1, keepdim=True) + smoothing)
+    pmi = torch.where(counts > 0, torch.log(cond / unigram.clamp_min(1e-12)), torch.zeros(()))
+    return rows, pmi
+
+
+@torch.no_grad()
+def bigram_markov(drafter: DSparkDrafter, sequences: list[list[int]], scale: float = 0.5) -> float:
+    """Warm start of the Markov head: W2(W1[a]) ~ scale * PMI(a, .) (bigram_pmi of the training data), as a rank-r
+    factorisation (randomised SVD) split evenly between W1 rows and W2; tokens never seen as a predecessor keep W1
+    at 0. `scale` < 1: the backbone already predicts the unigram part, the head adds what the last token says.
+    Returns the share of the PMI's energy the rank-r factorisation keeps."""
+    draft_ids = drafter.draft_to_target
+    if draft_ids is None:
+        draft_ids = torch.arange(drafter.config.vocab_size)
+    rows, pmi = bigram_pmi(sequences, draft_ids)
+    head = drafter.markov_head
+    head.markov_w1.weight.zero_()
+    head.markov_w2.weight.zero_()
+    if rows.numel() == 0:
+        return 0.0
+    rank = min(head.rank, *pmi.shape)
+    u, s, v = torch.svd_lowrank(pmi * scale, q=rank, niter=4)
+    root = s.sqrt()
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+    w1[rows, :rank] = (u * root).to(w1.dtype)
+    w2[:, :rank] = (v * root).to(w2.dtype)
+    total = float((pmi * scale).pow(2).sum())
+    return float(s.pow(2).sum()) / total if total > 0 else 0.0

@@ -32,7 +32,7 @@ from sgl_dspark.training.export import STATE_FILE
 from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
 from sgl_dspark.drafter.config import TargetSpec
 from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
-from sgl_dspark.training.init import PRESETS, copy_top_layers, frequent_tokens, new_drafter
+from sgl_dspark.training.init import PRESETS, bigram_markov, copy_top_layers, frequent_tokens, new_drafter
 from sgl_dspark.training.objective import (LossWeights, block_outputs, block_rows, draft_index, dspark_loss,
                                            sample_anchors, with_tokens)
 from sgl_dspark.training.rollout import (MAX_LEN, Example, TargetCache, clip_record, eval_subset, rollouts,
@@ -56,6 +56,8 @@ class RunSpec:
     eval_records: int
     seed: int
     init_from: str | None = None  # an exported drafter folder to continue from
+    markov_init: str = "zero"  # a new drafter's Markov head: "zero" (paper) or "bigram" (training-data PMI)
+    lr_schedule: str = "cosine"  # one of LR_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,16 @@ def optimizer_for(drafter: DSparkDrafter, spec: RunSpec) -> torch.optim.Optimize
                              betas=(0.9, 0.95), weight_decay=0.0)
 
 
-def lr_factor(elapsed_min: float, total_min: float, warmup_min: float = 1.0) -> float:
-    """Linear warm-up, then cosine decay to 10% over the time budget."""
+LR_SCHEDULES = ("cosine", "constant")
+
+
+def lr_factor(elapsed_min: float, total_min: float, warmup_min: float = 1.0, schedule: str = "cosine") -> float:
+    """Linear warm-up, then cosine decay to 10% over the time budget ("cosine") or the full rate ("constant": a run
+    that another will continue, whose budget is not its end)."""
     if elapsed_min < warmup_min:
         return max(elapsed_min / warmup_min, 0.05)
+    if schedule == "constant":
+        return 1.0
     frac = min(1.0, (elapsed_min - warmup_min) / max(total_min - warmup_min, 1e-6))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
 
@@ -99,6 +107,9 @@ def build_drafter(spec: RunSpec, target: FrozenTarget, train: list[Example]) -> 
         vocab = frequent_tokens([e.ids.tolist() for e in train], shape.draft_vocab_size, target_config["vocab_size"])
     drafter = new_drafter(target_config, shape, weights, vocab)
     copy_top_layers(drafter, target, train[0].ids.tolist())
+    if spec.markov_init == "bigram":
+        kept = bigram_markov(drafter, [e.ids.tolist() for e in train])
+        tqdm.write(f"Markov head from the training data's bigram PMI (rank {shape.markov_rank}: {kept:.0%} of it)")
     return drafter
 
 
@@ -179,7 +190,7 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, off
         parts = dspark_loss(logits.float(), None if conf is None else conf.float(), target.take(blocks.rows),
                             blocks.valid, to_draft, weights)
         for group, base in zip(opt.param_groups, (spec.lr * spec.copied_lr_scale, spec.lr)):
-            group["lr"] = base * lr_factor(elapsed / 60, spec.minutes)
+            group["lr"] = base * lr_factor(elapsed / 60, spec.minutes, schedule=spec.lr_schedule)
         opt.zero_grad(set_to_none=True)
         parts.total.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -223,13 +234,18 @@ def parse_args(argv: list[str] | None) -> RunSpec:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-from", default=None,
                    help="an exported drafter folder to continue training (its shape, vocabulary and curve)")
+    p.add_argument("--markov-init", choices=("zero", "bigram"), default="zero",
+                   help="a new drafter's Markov head: zero (paper) or the training data's bigram PMI, low-rank")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="cosine",
+                   help="cosine: decay to 10%% over --minutes; constant: full rate after warm-up (runs continued later)")
     a = p.parse_args(argv)
     if a.target is None:
         from sgl_dspark.tools.models import prepare
 
         a.target = str(prepare("float32").path)
     return RunSpec(a.target, a.data, a.out, a.preset, a.minutes, a.lr, a.copied_lr_scale, a.anchors, a.max_len,
-                   a.bf16, a.cache_features, a.eval_every_min, a.eval_records, a.seed, a.init_from)
+                   a.bf16, a.cache_features, a.eval_every_min, a.eval_records, a.seed, a.init_from, a.markov_init,
+                   a.lr_schedule)
 
 
 def main(argv: list[str] | None = None) -> int:

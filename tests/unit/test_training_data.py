@@ -7,7 +7,6 @@ import pytest
 from sgl_dspark.training.data import (Answers, Question, Record, append_answer, assemble, open_partial, pending,
                                       read_partial, read_records, split, token_counts, write_records)
 from sgl_dspark.training.prompts import json_array_items
-from sgl_dspark.training.trainer import lr_factor
 from sgl_dspark.training.init import feature_layers, frequent_tokens
 from sgl_dspark.training.rollout import clip_record
 
@@ -81,9 +80,3 @@ def test_clip_record_keeps_the_tail_and_moves_the_answer_start():
 def test_frequent_tokens_and_feature_layers():
     assert frequent_tokens([[3, 3, 1], [1, 3, 0]], 2, vocab_size=5).tolist() == [1, 3]
     assert feature_layers(30, 2) == (1, 7, 15, 22, 27)  # the last one enters the first copied layer (28)
-
-
-def test_lr_schedule_warms_up_then_decays_to_a_tenth():
-    assert lr_factor(0.5, 10) == pytest.approx(0.5)
-    assert lr_factor(1.0, 10) == pytest.approx(1.0)
-    assert lr_factor(10.0, 10) == pytest.approx(0.1)

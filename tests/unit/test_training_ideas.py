@@ -1,0 +1,47 @@
+"""Training ideas of issue 13 (pure parts): the bigram warm start of the Markov head and the learning-rate
+schedules."""
+
+import math
+
+import pytest
+import torch
+
+from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.training.init import bigram_markov, bigram_pmi
+from sgl_dspark.training.trainer import lr_factor
+
+
+def test_bigram_pmi_counts_seen_pairs_inside_the_draft_vocabulary():
+    rows, pmi = bigram_pmi([[5, 7, 5, 7, 5, 8]], torch.tensor([7, 8]))
+    assert rows.tolist() == [5]  # 7 -> 5 leaves the draft vocabulary
+    assert pmi[0].tolist() == pytest.approx([math.log((2 / 4) / (2 / 3)), math.log((1 / 4) / (1 / 3))])
+    rows, pmi = bigram_pmi([[1, 2, 1, 3]], torch.tensor([1, 2, 3]))
+    assert rows.tolist() == [1, 2] and pmi[0, 0] == 0  # 1 -> 1 never seen: neutral
+
+
+def test_bigram_markov_head_ranks_each_tokens_successor_first():
+    drafter, _ = random_drafter(tiny_hf_config(markov_rank=16))
+    # every token t in 0..9 is followed by (3t + 1) mod 10, in many shuffled sequences
+    gen = torch.Generator().manual_seed(0)
+    sequences = []
+    for _ in range(40):
+        t = int(torch.randint(10, (1,), generator=gen))
+        seq = [t]
+        for _ in range(12):
+            t = (3 * t + 1) % 10
+            seq.append(t)
+        sequences.append(seq)
+    kept = bigram_markov(drafter, sequences, scale=1.0)
+    assert 0.99 < kept <= 1.0 + 1e-6  # ten predecessor rows: rank 10 holds all of it
+    head = drafter.markov_head
+    bias = head.markov_w2(head.markov_w1(torch.arange(10)))
+    assert bias.argmax(-1).tolist() == [(3 * t + 1) % 10 for t in range(10)]
+    assert head.markov_w1.weight[10:].abs().sum() == 0  # never a predecessor: no bias
+
+
+def test_lr_schedule_warms_up_then_decays_to_a_tenth_or_stays():
+    assert lr_factor(0.5, 10) == pytest.approx(0.5)
+    assert lr_factor(1.0, 10) == pytest.approx(1.0)
+    assert lr_factor(10.0, 10) == pytest.approx(0.1)
+    assert lr_factor(0.5, 10, schedule="constant") == pytest.approx(0.5)
+    assert lr_factor(10.0, 10, schedule="constant") == pytest.approx(1.0)
