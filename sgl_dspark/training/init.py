@@ -30,6 +30,8 @@ class Shape:
 PRESETS = {
     "small": Shape(num_layers=2, gamma=7, markov_rank=128, draft_vocab_size=8192),
     "tiny": Shape(num_layers=1, gamma=7, markov_rank=64, draft_vocab_size=4096),
+    # "small" with one draft layer: the depth comparison of benchmarks.learning (drafting time against tau)
+    "small-1layer": Shape(num_layers=1, gamma=7, markov_rank=128, draft_vocab_size=8192),
     # for large target vocabularies: the Markov W1 is a [V, r] table (262k x 16 = 8 MB in bf16 for Gemma-3)
     "compact": Shape(num_layers=2, gamma=7, markov_rank=16, draft_vocab_size=8192),
 }

@@ -53,7 +53,8 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
     run_dir = tmp_path / "run"
     common = ["--data", str(data_dir), "--out", str(run_dir), "--target", default_model_path, "--preset", "tiny",
               "--eval-records", "2", "--anchors", "16"]
-    run("sgl_dspark.training.trainer", *common, "--minutes", "0.05")
+    built = run("sgl_dspark.training.trainer", *common, "--minutes", "0.05", "--markov-init", "bigram")
+    assert "Markov head from the training data's bigram PMI" in built  # the warm start ran on the real data
     first = json.loads(run_dir.joinpath("curve.jsonl").read_text().splitlines()[-1])
     run("sgl_dspark.training.trainer", *common, "--minutes", "0.1")  # resumes: same folder, larger budget
     curve = [json.loads(line) for line in run_dir.joinpath("curve.jsonl").read_text().splitlines()]
