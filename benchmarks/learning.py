@@ -30,12 +30,14 @@ from sgl_dspark.training.export import read_curve
 
 SHIPPED = Path(__file__).resolve().parents[1] / "sgl_dspark" / "drafters" / "smollm2-135m-instruct"
 # name -> trainer flags on top of the common ones (the baseline is the shipped drafter's recipe: preset small, zero
-# Markov init, cosine schedule).
+# Markov init, cosine schedule, no complement, top-32 targets).
 VARIANTS = {
     "baseline": (),
     "bigram": ("--markov-init", "bigram"),
     "depth1": ("--preset", "small-1layer"),
     "constant-lr": ("--lr-schedule", "constant"),
+    "complement": ("--complement", "0.5"),
+    "topk8": ("--top-k", "8"),
 }
 DONE = "done.json"
 WINDOW = 7

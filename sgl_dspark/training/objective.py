@@ -134,9 +134,11 @@ def draft_index(draft_to_target: torch.Tensor | None, vocab_size: int) -> torch.
 
 
 def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, target: SparseTarget,
-                valid: torch.Tensor, to_draft: torch.Tensor, weights: LossWeights) -> LossParts:
+                valid: torch.Tensor, to_draft: torch.Tensor, weights: LossWeights,
+                scale: torch.Tensor | None = None) -> LossParts:
     """logits [B, g, D]; conf_logit [B, g] or None; target [B, g, k]; valid [B, g]; to_draft [V] (draft_index)
-    -> the weighted loss and its parts.
+    -> the weighted loss and its parts. scale [B, g] (optional) multiplies the CE and TV weights only (complementary
+    training, sgl_dspark.training.coverage); the confidence head learns every position as it is.
 
     TV counts target mass the drafter cannot place (outside the draft vocabulary or the kept top-k) fully.
     CE's label is the target's argmax (distillation), ignored where it is outside the draft vocabulary."""
@@ -149,8 +151,9 @@ def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, target: S
     accepted = (logits.argmax(-1) == label) & (label >= 0)
     w = position_weights(logits.shape[1], weights.decay, logits.device)[None] * valid.float()
     norm = w.sum().clamp(min=1e-6)
-    ce_mean = (ce * w * (label >= 0)).sum() / norm
-    tv_mean = (tv * w).sum() / norm
+    w_fit = w if scale is None else w * scale
+    ce_mean = (ce * w_fit * (label >= 0)).sum() / norm
+    tv_mean = (tv * w_fit).sum() / norm
     if conf_logit is None:
         bce_mean, conf = torch.zeros((), device=logits.device), torch.ones_like(tv)
     else:

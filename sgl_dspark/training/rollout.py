@@ -37,15 +37,15 @@ def clip_record(r: Record, max_len: int) -> Example:
 class TargetCache:
     """Features and sparse target distributions per example, computed once when caching is on."""
 
-    def __init__(self, target: FrozenTarget, layer_ids: tuple[int, ...], keep: bool) -> None:
-        self.target, self.layer_ids, self.keep = target, layer_ids, keep
+    def __init__(self, target: FrozenTarget, layer_ids: tuple[int, ...], keep: bool, top_k: int = TOP_K) -> None:
+        self.target, self.layer_ids, self.keep, self.top_k = target, layer_ids, keep, top_k
         self.store: dict[int, tuple[torch.Tensor, SparseTarget]] = {}
 
     def get(self, index: int, ex: Example) -> tuple[torch.Tensor, SparseTarget]:
         if index in self.store:
             return self.store[index]
         run = self.target.run(ex.ids.tolist(), self.layer_ids)
-        item = (run.features, sparse_target(run.logits, TOP_K))
+        item = (run.features, sparse_target(run.logits, self.top_k))
         if self.keep:
             self.store[index] = item
         return item

@@ -35,7 +35,8 @@ from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
 from sgl_dspark.training.init import PRESETS, bigram_markov, copy_top_layers, frequent_tokens, new_drafter
 from sgl_dspark.training.objective import (LossWeights, block_outputs, block_rows, draft_index, dspark_loss,
                                            sample_anchors, with_tokens)
-from sgl_dspark.training.rollout import (MAX_LEN, Example, TargetCache, clip_record, eval_subset, rollouts,
+from sgl_dspark.training.coverage import complement_scale, lookup_depths
+from sgl_dspark.training.rollout import (MAX_LEN, TOP_K, Example, TargetCache, clip_record, eval_subset, rollouts,
                                          summarize)
 from sgl_dspark.training.target import FrozenTarget
 
@@ -58,6 +59,8 @@ class RunSpec:
     init_from: str | None = None  # an exported drafter folder to continue from
     markov_init: str = "zero"  # a new drafter's Markov head: "zero" (paper) or "bigram" (training-data PMI)
     lr_schedule: str = "cosine"  # one of LR_SCHEDULES
+    complement: float = 0.0  # CE/TV weight taken off draft positions the lookup branch covers (0: off)
+    top_k: int = TOP_K  # target distribution entries kept per position
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ def train(spec: RunSpec) -> dict:
         opt.load_state_dict(state["optimizer"])
         step, elapsed = state["step"], state["elapsed"]
     to_draft = draft_index(drafter.draft_to_target, drafter.config.vocab_size).to(device)
-    cache = TargetCache(target, drafter.config.target_layer_ids, spec.cache_features)
+    cache = TargetCache(target, drafter.config.target_layer_ids, spec.cache_features, spec.top_k)
     return loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, offset)
 
 
@@ -174,6 +177,7 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, off
     bar = tqdm(total=int(budget_s), initial=int(elapsed), unit="s", desc="train", dynamic_ncols=True)
     running_acc = torch.zeros(g)
     by_source = [[i for i, e in enumerate(train_ex) if e.source == s] for s in sorted({e.source for e in train_ex})]
+    covered: dict[int, torch.Tensor] = {}  # example -> lookup_depths (complementary training)
     while elapsed < budget_s:
         t0 = time.perf_counter()
         index = rng.choice(by_source[step % len(by_source)])  # sources take turns: chat answers are few
@@ -187,8 +191,13 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, off
         blocks = with_tokens(block_rows(anchors, ids.shape[0], g), ids)
         with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=spec.bf16):
             logits, conf = block_outputs(drafter, features, ids, blocks)
+        scale = None
+        if spec.complement > 0:
+            if index not in covered:
+                covered[index] = lookup_depths(ex.ids.tolist(), g)
+            scale = complement_scale(covered[index][anchors.cpu()], g, spec.complement).to(features.device)
         parts = dspark_loss(logits.float(), None if conf is None else conf.float(), target.take(blocks.rows),
-                            blocks.valid, to_draft, weights)
+                            blocks.valid, to_draft, weights, scale)
         for group, base in zip(opt.param_groups, (spec.lr * spec.copied_lr_scale, spec.lr)):
             group["lr"] = base * lr_factor(elapsed / 60, spec.minutes, schedule=spec.lr_schedule)
         opt.zero_grad(set_to_none=True)
@@ -238,14 +247,19 @@ def parse_args(argv: list[str] | None) -> RunSpec:
                    help="a new drafter's Markov head: zero (paper) or the training data's bigram PMI, low-rank")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="cosine",
                    help="cosine: decay to 10%% over --minutes; constant: full rate after warm-up (runs continued later)")
+    p.add_argument("--complement", type=float, default=0.0,
+                   help="complementary training: CE/TV weight taken off positions the lookup branch covers (0-1)")
+    p.add_argument("--top-k", type=int, default=TOP_K, help="target distribution entries kept per position")
     a = p.parse_args(argv)
+    if not 0.0 <= a.complement <= 1.0 or a.top_k < 1:
+        p.error(f"--complement must be in [0, 1] (got {a.complement}) and --top-k >= 1 (got {a.top_k})")
     if a.target is None:
         from sgl_dspark.tools.models import prepare
 
         a.target = str(prepare("float32").path)
     return RunSpec(a.target, a.data, a.out, a.preset, a.minutes, a.lr, a.copied_lr_scale, a.anchors, a.max_len,
                    a.bf16, a.cache_features, a.eval_every_min, a.eval_records, a.seed, a.init_from, a.markov_init,
-                   a.lr_schedule)
+                   a.lr_schedule, a.complement, a.top_k)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,8 +53,10 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
     run_dir = tmp_path / "run"
     common = ["--data", str(data_dir), "--out", str(run_dir), "--target", default_model_path, "--preset", "tiny",
               "--eval-records", "2", "--anchors", "16"]
-    built = run("sgl_dspark.training.trainer", *common, "--minutes", "0.05", "--markov-init", "bigram")
-    assert "Markov head from the training data's bigram PMI" in built  # the warm start ran on the real data
+    ideas = ("--markov-init", "bigram", "--complement", "0.5", "--top-k", "8")  # issue 13's ideas, on real data
+    built = run("sgl_dspark.training.trainer", *common, "--minutes", "0.05", *ideas)
+    assert "Markov head from the training data's bigram PMI" in built
+    assert json.loads(run_dir.joinpath("run.json").read_text())["complement"] == 0.5
     first = json.loads(run_dir.joinpath("curve.jsonl").read_text().splitlines()[-1])
     run("sgl_dspark.training.trainer", *common, "--minutes", "0.1")  # resumes: same folder, larger budget
     curve = [json.loads(line) for line in run_dir.joinpath("curve.jsonl").read_text().splitlines()]

@@ -1,5 +1,5 @@
-"""Training ideas of issue 13 (pure parts): the bigram warm start of the Markov head and the learning-rate
-schedules."""
+"""Training ideas of issue 13 (pure parts): the bigram warm start of the Markov head, the learning-rate
+schedules and complementary training (the lookup's coverage of a sequence, the loss scale it gives)."""
 
 import math
 
@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.training.coverage import complement_scale, lookup_depths
 from sgl_dspark.training.init import bigram_markov, bigram_pmi
+from sgl_dspark.training.objective import LossWeights, SparseTarget, dspark_loss
 from sgl_dspark.training.trainer import lr_factor
 
 
@@ -45,3 +47,25 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth_or_stays():
     assert lr_factor(10.0, 10) == pytest.approx(0.1)
     assert lr_factor(0.5, 10, schedule="constant") == pytest.approx(0.5)
     assert lr_factor(10.0, 10, schedule="constant") == pytest.approx(1.0)
+
+
+def test_lookup_depths_replay_the_serving_lookup_over_a_sequence():
+    assert lookup_depths([1, 2, 3, 1, 2, 3, 9], 2).tolist() == [0, 0, 0, 2, 1, 0, 0]
+    assert lookup_depths([4, 5, 6, 7], 3).tolist() == [0, 0, 0, 0]  # nothing repeats: nothing covered
+
+
+def test_complement_scale_lowers_only_the_covered_positions_of_ce_and_tv():
+    assert complement_scale(torch.tensor([0, 2]), 3, 0.5).tolist() == [[1, 1, 1], [0.5, 0.5, 1]]
+    drafter, _ = random_drafter(tiny_hf_config())
+    g, vocab = drafter.config.gamma, drafter.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, g, vocab, generator=gen)
+    conf = torch.randn(2, g, generator=gen)
+    target = SparseTarget(torch.randint(vocab, (2, g, 3), generator=gen), torch.full((2, g, 3), 0.3))
+    valid = torch.ones(2, g, dtype=torch.bool)
+    args = (logits, conf, target, valid, torch.arange(vocab), LossWeights())
+    plain = dspark_loss(*args)
+    half = dspark_loss(*args, scale=torch.full((2, g), 0.5))
+    assert half.ce == pytest.approx(plain.ce / 2) and half.tv == pytest.approx(plain.tv / 2)
+    assert half.bce == pytest.approx(plain.bce)  # the confidence head learns every position as it is
+    assert dspark_loss(*args, scale=torch.ones(2, g)).tv == pytest.approx(plain.tv)
