@@ -104,7 +104,8 @@ def report(out: Path, names: list[str]) -> dict:
         done = json.loads((run / DONE).read_text()) if (run / DONE).is_file() else {}
         last = curve[-1]
         rows.append({"variant": name, "flags": " ".join(VARIANTS[name]), "minutes": last["minutes"],
-                     "steps": last["step"], "tau": last["tau"], "shipped_tau_same_minutes": tau_at(shipped, last["minutes"]),
+                     "steps": last["step"], "tau": last["tau"],
+                     "tau_hybrid": last.get("tau_hybrid"), "shipped_tau_same_minutes": tau_at(shipped, last["minutes"]),
                      "draft_ms": done.get("draft_ms"), "curve": curve})
     doc = {"shipped": {"path": SHIPPED.name, "curve": shipped}, "variants": rows}
     (out / "learning.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -114,13 +115,15 @@ def report(out: Path, names: list[str]) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| variant | trainer flags | minutes | steps | held-out tau | shipped run's tau at those minutes | "
-             "draft ms / step (batch 1, window 7) |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | trainer flags | minutes | steps | held-out tau | tau with the lookup chain | "
+             "shipped run's tau at those minutes | draft ms / step (batch 1, window 7) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ship = "-" if r["shipped_tau_same_minutes"] is None else f"{r['shipped_tau_same_minutes']:.3f}"
         ms = "-" if r["draft_ms"] is None else f"{r['draft_ms']:.1f}"
+        hybrid = "-" if r["tau_hybrid"] is None else f"{r['tau_hybrid']:.3f}"
         lines.append(f"| {r['variant']} | `{r['flags'] or '(none)'}` | {r['minutes']:.1f} | {r['steps']} | "
-                     f"{r['tau']:.3f} | {ship} | {ms} |")
+                     f"{r['tau']:.3f} | {hybrid} | {ship} | {ms} |")
     return "\n".join(lines) + "\n"
 
 

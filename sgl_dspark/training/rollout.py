@@ -11,6 +11,7 @@ import torch
 
 from sgl_dspark.training.data import Record
 from sgl_dspark.drafter.model import DSparkDrafter
+from sgl_dspark.training.coverage import lookup_depths
 from sgl_dspark.training.objective import (LossWeights, SparseTarget, accepted_length, block_outputs, block_rows,
                                            dspark_loss, sparse_target, with_tokens)
 from sgl_dspark.training.target import FrozenTarget
@@ -53,8 +54,10 @@ class TargetCache:
 
 def rollouts(drafter: DSparkDrafter, cache: TargetCache, examples: list[Example], to_draft: torch.Tensor,
              stride: int = 4) -> dict[str, torch.Tensor]:
-    """Teacher-forced blocks at every `stride`-th anchor of each example -> accepted/conf/valid [N, g], source [N]."""
-    parts: dict[str, list] = {"accepted": [], "confidence": [], "valid": [], "source": []}
+    """Teacher-forced blocks at every `stride`-th anchor of each example -> accepted/conf/valid [N, g], lookup [N]
+    (how many of the block's tokens the lookup branch proposes right in a row, sgl_dspark.training.coverage),
+    source [N]."""
+    parts: dict[str, list] = {"accepted": [], "confidence": [], "valid": [], "lookup": [], "source": []}
     g = drafter.config.gamma
     with torch.no_grad():
         for i, ex in enumerate(examples):
@@ -69,16 +72,29 @@ def rollouts(drafter: DSparkDrafter, cache: TargetCache, examples: list[Example]
             parts["accepted"].append(res.accepted)
             parts["confidence"].append(res.confidence)
             parts["valid"].append(res.valid)
+            parts["lookup"].append(lookup_depths(ex.ids.tolist(), g)[anchors.cpu()])
             parts["source"] += [ex.source] * anchors.numel()
     out = {k: torch.cat(v).cpu() for k, v in parts.items() if k != "source"}
     out["source"] = parts["source"]
     return out
 
 
+def hybrid_length(accepted: torch.Tensor, valid: torch.Tensor, lookup: torch.Tensor) -> torch.Tensor:
+    """tau per complete row [N] when the lookup's chain is verified beside the drafter's: 1 + the longer of the two
+    leading runs (a chain tree of either; the hybrid tree can do better where they share a prefix and part ways).
+    Example: accepted [[1, 0, 0]], lookup [2] -> [3.0]."""
+    full = valid.all(-1)
+    neural = torch.cumprod(accepted[full].long(), dim=-1).sum(-1)
+    return 1.0 + torch.maximum(neural, lookup[full]).float()
+
+
 def summarize(roll: dict) -> dict:
-    """tau overall and per source, plus per-position conditional acceptance."""
+    """tau overall (drafter alone, and with the lookup chain: tau_hybrid) and per source, plus per-position
+    conditional acceptance."""
     acc, valid = roll["accepted"], roll["valid"]
     out = {"tau": float(accepted_length(acc, valid).mean())}
+    if "lookup" in roll:
+        out["tau_hybrid"] = float(hybrid_length(acc, valid, roll["lookup"]).mean())
     for src in sorted(set(roll["source"])):
         rows = torch.tensor([s == src for s in roll["source"]])
         out[f"tau_{src}"] = float(accepted_length(acc[rows], valid[rows]).mean())

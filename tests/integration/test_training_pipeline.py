@@ -61,6 +61,7 @@ def test_train_resume_calibrate_export(data_dir, default_model_path, tmp_path):
     run("sgl_dspark.training.trainer", *common, "--minutes", "0.1")  # resumes: same folder, larger budget
     curve = [json.loads(line) for line in run_dir.joinpath("curve.jsonl").read_text().splitlines()]
     assert curve[-1]["step"] > first["step"] >= 1 and 1.0 <= curve[-1]["tau"] <= 8.0
+    assert curve[-1]["tau"] <= curve[-1]["tau_hybrid"] <= 8.0  # the lookup chain can only add
     assert len(curve[-1]["cond_accept"]) == 7
     run("sgl_dspark.training.calibrate", "--drafter", str(run_dir / "checkpoint"), "--data", str(data_dir),
         "--target", default_model_path, "--records", "2")

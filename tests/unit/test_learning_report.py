@@ -16,7 +16,7 @@ def test_report_only_writes_a_row_per_trained_variant(tmp_path):
     for name, taus in (("baseline", (1.0, 1.10)), ("bigram", (1.0, 1.25))):
         run = tmp_path / name
         run.mkdir()
-        rows = [{"step": 10 * i, "minutes": 6.0 * i, "tau": t} for i, t in enumerate(taus)]
+        rows = [{"step": 10 * i, "minutes": 6.0 * i, "tau": t, "tau_hybrid": t + 0.5} for i, t in enumerate(taus)]
         (run / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "bigram" / DONE).write_text(json.dumps({"draft_ms": 9.5}))
     assert main(["--out", str(tmp_path), "--report-only"]) == 0
@@ -26,7 +26,7 @@ def test_report_only_writes_a_row_per_trained_variant(tmp_path):
     assert got["bigram"]["tau"] == 1.25 and got["bigram"]["draft_ms"] == 9.5 and got["baseline"]["draft_ms"] is None
     assert got["bigram"]["shipped_tau_same_minutes"] == 1.131  # the shipped curve's row at 6.0 minutes
     table = (tmp_path / "learning.md").read_text()
-    assert "| bigram | `--markov-init bigram` | 6.0 | 10 | 1.250 | 1.131 | 9.5 |" in table
+    assert "| bigram | `--markov-init bigram` | 6.0 | 10 | 1.250 | 1.750 | 1.131 | 9.5 |" in table
     assert (tmp_path / "learning.png").stat().st_size > 0
 
 

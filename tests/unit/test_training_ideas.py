@@ -10,6 +10,7 @@ from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.training.coverage import complement_scale, lookup_depths
 from sgl_dspark.training.init import bigram_markov, bigram_pmi
 from sgl_dspark.training.objective import LossWeights, SparseTarget, dspark_loss
+from sgl_dspark.training.rollout import hybrid_length
 from sgl_dspark.training.trainer import lr_factor
 
 
@@ -69,3 +70,9 @@ def test_complement_scale_lowers_only_the_covered_positions_of_ce_and_tv():
     assert half.ce == pytest.approx(plain.ce / 2) and half.tv == pytest.approx(plain.tv / 2)
     assert half.bce == pytest.approx(plain.bce)  # the confidence head learns every position as it is
     assert dspark_loss(*args, scale=torch.ones(2, g)).tv == pytest.approx(plain.tv)
+
+
+def test_hybrid_length_takes_the_longer_leading_run_of_drafter_and_lookup():
+    accepted = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
+    valid = torch.tensor([[True] * 3, [True] * 3, [True, True, False]])  # the last row is cut: not counted
+    assert hybrid_length(accepted, valid, torch.tensor([2, 0, 3])).tolist() == [3.0, 3.0]
