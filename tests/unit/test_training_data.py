@@ -1,5 +1,6 @@
 """Distillation data records, resumable answering, splits, and training-side helpers."""
 
+import gzip
 import json
 
 import pytest
@@ -43,6 +44,9 @@ def test_a_rerun_answers_only_the_questions_missing_from_the_partial_file(tmp_pa
     assert done == {(4, 5, 6): [7, 8], (1, 2): [9]}
     assert pending(questions, done) == [questions[1]]
     assert read_partial(tmp_path / "missing.jsonl", 4) == {}
+    kept = tmp_path / "kept.jsonl.gz"  # answers kept in a repository (--answers-from) read the same, gzipped
+    kept.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_partial(kept, max_new_tokens=4) == done
 
 
 def test_a_line_cut_by_a_kill_is_skipped_and_the_next_answer_starts_a_new_line(tmp_path):
