@@ -2,7 +2,7 @@
 structural tags, OpenAI JSON mode), frequency / presence / repetition penalties, min_new_tokens and logit_bias,
 greedy and token-identical to the plain server (float32), with drafts accepted under the constraint (so rows below
 the root carry the path's grammar state and penalty counts); custom logit processors are served too. SGLang's own
-frontend programs that pass on plain pass on DSPARK.
+frontend programs, run greedily, pass and fail on DSPARK exactly as on plain.
 
 Servers: `plain_server`, `chain_server` (the bigram drafter: drafts follow the plain greedy outputs of the prompt
 set, so penalised requests still accept multi-token blocks) and, for grammars, the shipped drafter with the lookup
@@ -14,6 +14,7 @@ penalised output depends on the scheduling mode; DSPARK applies them to the outp
 plain server does (the repetition case below differs between the two plain modes at token 40 of the chat prompt)."""
 
 import json
+import re
 
 import pytest
 import requests
@@ -149,11 +150,26 @@ FRONTEND = ("test_decode_json", "test_decode_json_regex", "test_regex", "test_dt
             "test_gen_min_new_tokens")
 
 
+def greedy_endpoint(base_url: str):
+    """SGLang's frontend backend with every gen greedy: the test programs run at the frontend's default temperature
+    (1.0), so whether a typed gen parses was a coin flip on each server (CI saw a program pass on plain and not on
+    DSPARK); greedy, both servers must write the same text."""
+    import dataclasses
+
+    import sglang as sgl
+
+    class Greedy(sgl.RuntimeEndpoint):
+        def generate(self, s, sampling_params):
+            return super().generate(s, dataclasses.replace(sampling_params, temperature=0.0))
+
+    return Greedy(base_url)
+
+
 def frontend_passes(server) -> dict[str, str]:
     import sglang as sgl
     from sglang.test import test_programs
 
-    sgl.set_default_backend(sgl.RuntimeEndpoint(server.base_url))
+    sgl.set_default_backend(greedy_endpoint(server.base_url))
     outcome = {}
     for name in FRONTEND:
         program = getattr(test_programs, name)
@@ -167,15 +183,20 @@ def frontend_passes(server) -> dict[str, str]:
 
 def test_frontend_programs_that_pass_on_plain_pass_on_dspark(hybrid_server, plain_server):
     plain, dspark = frontend_passes(plain_server), frontend_passes(hybrid_server)
-    assert plain["test_decode_json"] == "passed"
-    lost = {name: why for name, why in dspark.items() if plain[name] == "passed" and why != "passed"}
-    assert not lost, (lost, plain)
+    assert sum(why == "passed" for why in plain.values()) >= 3, plain  # enough programs pass for this to mean much
+    assert dspark == plain  # the same text, so the same checks pass and fail the same way
+
+
+def untimed(reply: dict) -> str:
+    return re.sub(r"\[\d\d:\d\d:\d\d\]", "[time]", json.dumps(reply))
 
 
 def test_invalid_grammar_gets_plains_answer_and_the_server_serves_on(hybrid_server, plain_server):
     bad = {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "regex": "(unclosed"}}
     got = requests.post(f"{hybrid_server.base_url}/generate", json=bad, timeout=120)
     want = requests.post(f"{plain_server.base_url}/generate", json=bad, timeout=120)
-    assert (got.status_code, got.json()) == (want.status_code, want.json())
+    # xgrammar's message carries the wall-clock second ("[01:31:50] .../regex_converter.cc"): CI saw the two replies
+    # a second apart
+    assert (got.status_code, untimed(got.json())) == (want.status_code, untimed(want.json()))
     assert got.status_code == 400
     assert generate(hybrid_server.base_url, "Hello", max_new_tokens=4, temperature=0)["meta_info"]["completion_tokens"]
