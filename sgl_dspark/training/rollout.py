@@ -83,9 +83,7 @@ def hybrid_length(accepted: torch.Tensor, valid: torch.Tensor, lookup: torch.Ten
     """tau per complete row [N] when the lookup's chain is verified beside the drafter's: 1 + the longer of the two
     leading runs (a chain tree of either; the hybrid tree can do better where they share a prefix and part ways).
     Example: accepted [[1, 0, 0]], lookup [2] -> [3.0]."""
-    full = valid.all(-1)
-    neural = torch.cumprod(accepted[full].long(), dim=-1).sum(-1)
-    return 1.0 + torch.maximum(neural, lookup[full]).float()
+    return torch.maximum(accepted_length(accepted, valid), 1.0 + lookup[valid.all(-1)].float())
 
 
 def summarize(roll: dict) -> dict:
