@@ -5,14 +5,22 @@ All servers run side by side (plain, DSPARK with the flags a user types, DSPARK 
 one request is in flight at any time: every (prompt, constraint) is sent to each server in turn, rotating the
 order each repeat, so machine drift hits all configurations alike; speed-ups are ratios of the same request's
 tokens/s within one repeat. Greedy outputs are compared with plain's as they come (a mismatch is reported, never
-hidden). Prompts: first user turns of ../shared/data/eval sets, chat-templated. Writes constrained.json and the
+hidden). Prompts: first user turns of ../shared/data/eval sets, chat-templated. Writes constrained.json (.md) and the
 README table between the constrained-table markers.
 
     python benchmarks/constrained.py --prompts 4 --max-new-tokens 96 --repeats 2 --readme README.md
+
+Knob sweeps (the hybrid's lookup nodes, windows, thresholds) use the same harness: `--config NAME='FLAGS'`
+(repeatable) replaces the two DSPARK configurations with DSPARK + the shipped drafter + FLAGS, beside plain;
+`--constraints none` keeps unconstrained requests only; `--name` names the output files:
+
+    python benchmarks/constrained.py --constraints none --name sweep-lookup \
+        --config nodes4='--speculative-dspark-lookup-max-nodes 4' --config nodes8='--speculative-dspark-lookup-max-nodes 8'
 """
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -42,9 +50,19 @@ CONSTRAINTS = {
 MARKERS = ("<!-- constrained-table:start -->", "<!-- constrained-table:end -->")
 
 
-def configs(drafter: str) -> dict[str, tuple[str, ...]]:
+def configs(drafter: str, extra: list[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """plain plus DSPARK configurations: the two flags a user types and lookup on, or each NAME=FLAGS of `extra`
+    (DSPARK with the drafter and FLAGS)."""
     dspark = ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", drafter)
-    return {"plain": (), "dspark": dspark, "dspark-lookup": (*dspark, "--speculative-dspark-lookup", "true")}
+    if not extra:
+        return {"plain": (), "dspark": dspark, "dspark-lookup": (*dspark, "--speculative-dspark-lookup", "true")}
+    out: dict[str, tuple[str, ...]] = {"plain": ()}
+    for item in extra:
+        name, sep, flags = item.partition("=")
+        if not sep or not name or name in out:
+            raise ValueError(f"--config {item!r}: expected a new NAME=FLAGS")
+        out[name] = (*dspark, *shlex.split(flags))
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--from-json", type=Path, help="skip the run: render from this JSON")
     p.add_argument("--readme", type=Path, help="replace the table between the constrained-table markers")
+    p.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS",
+                   help="a DSPARK configuration: the shipped drafter plus FLAGS (repeatable; replaces the defaults)")
+    p.add_argument("--constraints", nargs="+", choices=sorted(CONSTRAINTS), default=list(CONSTRAINTS))
+    p.add_argument("--name", default="constrained", help="output file stem in --out")
+    p.add_argument("--drafter", help="drafter folder (default: the shipped drafter of the default model)")
     return p.parse_args(argv)
 
 
@@ -75,18 +98,18 @@ def run(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     model = str(prepare("float32").path)
-    drafter = default_drafter(model)
+    drafter = args.drafter or default_drafter(model)
     prompts = load_prompts(args.eval_dir, args.sets, args.prompts, AutoTokenizer.from_pretrained(model))
-    flags = configs(drafter)
+    flags = configs(drafter, args.config)
     records, log_dir = [], Path(tempfile.mkdtemp(prefix="dspark-constrained-"))
     with ExitStack() as stack:
         servers = {name: stack.enter_context(serving(ServerSpec(model, port=free_port(), max_running_requests=1,
                                                                 speculative_args=f), log_dir))
                    for name, f in flags.items()}
         for server in servers.values():  # compile each server's grammar cache and warm its kernels
-            for constraint in CONSTRAINTS.values():
-                generate(server.base_url, prompts[0].text, constraint, 8)
-        jobs = [(r, p, c) for r in range(args.repeats) for p in prompts for c in CONSTRAINTS]
+            for constraint in args.constraints:
+                generate(server.base_url, prompts[0].text, CONSTRAINTS[constraint], 8)
+        jobs = [(r, p, c) for r in range(args.repeats) for p in prompts for c in args.constraints]
         for r, prompt, constraint in tqdm(jobs, desc="requests", unit="prompt"):
             names = list(servers)
             shift = (r + len(records)) % len(names)
@@ -96,6 +119,7 @@ def run(args: argparse.Namespace) -> dict:
                                 "constraint": constraint, "config": name, **out})
     return {"meta": {"model": model, "drafter": Path(drafter).name, "prompts_per_set": args.prompts,
                      "sets": args.sets, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                     "configs": {name: list(f) for name, f in flags.items()},
                      "date": time.strftime("%Y-%m-%d %H:%M:%S")}, "records": records}
 
 
@@ -105,7 +129,7 @@ def summary(doc: dict) -> list[dict]:
     recs = doc["records"]
     plain = {(r["repeat"], r["set"], r["index"], r["constraint"]): r for r in recs if r["config"] == "plain"}
     rows = []
-    for constraint in CONSTRAINTS:
+    for constraint in dict.fromkeys(r["constraint"] for r in recs):
         for config in dict.fromkeys(r["config"] for r in recs):
             mine = [r for r in recs if r["constraint"] == constraint and r["config"] == config]
             base = [plain[(r["repeat"], r["set"], r["index"], constraint)] for r in mine]
@@ -141,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         doc = run(args)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "constrained.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (args.out / f"{args.name}.md").write_text(markdown(doc) + "\n")
     table = markdown(doc)
     print(table)
     if args.readme:

@@ -40,7 +40,10 @@ class DSparkConfig:
     cost_table_out: str | None  # write the table (profiled/loaded, then refitted) here; None: do not save
     calibration: str | None  # calibration JSON (sgl_dspark.calibration); None: the drafter's calibration.json if any
     draft_vocab: str | None  # reduced draft vocabulary file; None: the target's full vocabulary
-    lookup: bool  # n-gram lookup candidates (a later feature; off until it lands)
+    lookup: bool  # candidates copied from the request's own context, grafted into the verify tree
+    lookup_max_nodes: int  # most tree nodes the lookup branch adds per request and step (its share of the KV width)
+    lookup_width: int  # most distinct copied chains per request and step
+    lookup_max_len: int  # tokens per copied chain
     draft_process: bool  # draft in a separate worker process (true) or in the scheduler process (false)
     trace: str | None  # JSONL file the worker appends one record per request per decode step to (None: off)
     cpu_gemm: str  # linear layers on CPU (target and drafter): "onednn" (packed weights, flat in rows) or "native"
@@ -82,7 +85,7 @@ class DSparkConfig:
         """The lookup branch's knobs (a fixed record; sgl_dspark.lookup.LookupKnobs)."""
         from sgl_dspark.lookup import LookupKnobs
 
-        return LookupKnobs()
+        return LookupKnobs(width=self.lookup_width, max_len=self.lookup_max_len, max_nodes=self.lookup_max_nodes)
 
     def verify_nodes(self, gamma: int) -> int:
         """The most draft nodes one request can verify in a step, anchor excluded: the drafter's node budget plus
@@ -144,6 +147,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "calibration": (_optional(_is_path), "null or a non-empty path"),
     "draft_vocab": (_optional(_is_path), "null or a non-empty path"),
     "lookup": (lambda v: isinstance(v, bool), "true | false"),
+    "lookup_max_nodes": (_int_at_least(1), "an integer >= 1"),
+    "lookup_width": (_int_at_least(1), "an integer >= 1"),
+    "lookup_max_len": (_int_at_least(1), "an integer >= 1"),
     "draft_process": (lambda v: isinstance(v, bool), "true | false"),
     "trace": (_optional(_is_path), "null or a non-empty path"),
     "cpu_gemm": (lambda v: v in GEMM_MODES, " | ".join(GEMM_MODES)),

@@ -14,11 +14,14 @@ import torch
 
 @dataclass(frozen=True)
 class LookupKnobs:
+    """The serving defaults of width, max_len and max_nodes are the knobs lookup_width, lookup_max_len and
+    lookup_max_nodes of configs/default.json (a unit test keeps them equal)."""
+
     max_ngram: int = 4  # longest suffix matched
     min_ngram: int = 1  # shortest suffix matched
     width: int = 2  # most distinct candidate chains per step
     max_len: int = 8  # tokens per candidate chain
-    max_nodes: int = 16  # most tree nodes the lookup may add per request and step (fixed, see graft)
+    max_nodes: int = 16  # most tree nodes the lookup may add per request and step (see graft)
     probe: int = 8  # most earlier occurrences looked at per suffix length
     prior_accept: float = 0.5  # acceptance rate assumed before anything is observed
     prior_strength: float = 2.0  # pseudo-trials behind that assumption (global table)

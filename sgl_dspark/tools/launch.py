@@ -81,6 +81,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_run(count: int, tries: int = 50) -> int:
+    """The first of `count` consecutive free ports (servers started side by side on port, port + 1, ...)."""
+    for _ in range(tries):
+        first = free_port()
+        if first + count <= 65536 and not any(port_in_use(first + i) for i in range(1, count)):
+            return first
+    raise ServerError(f"no {count} consecutive free ports found on {HOST}")
+
+
 @dataclass
 class RunningServer:
     spec: ServerSpec

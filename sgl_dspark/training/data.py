@@ -13,12 +13,14 @@ import argparse
 import gzip
 import hashlib
 import json
+import os
 import random
 import shlex
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -57,10 +59,11 @@ class Recipe:
 @dataclass(frozen=True)
 class Answering:
     """How the server answers; not part of the recipe (greedy output does not depend on it)."""
-    concurrency: int
-    port: int
+    concurrency: int  # requests in flight per server
+    port: int  # the first server's; replica i listens on port + i
     speculative_args: tuple[str, ...] = ()  # appended to the server's flags, e.g. DSPARK with a drafter
     answers_from: tuple[str, ...] = ()  # answer files kept from earlier builds (PARTIAL_FILE format, .gz allowed)
+    replicas: int = 1  # servers answering side by side (each SGLang CPU server runs on one core)
 
 
 @dataclass(frozen=True)
@@ -178,12 +181,15 @@ def assemble(questions: list[Question], done: dict[tuple[int, ...], list[int]]) 
             if tuple(q.prompt) in done]
 
 
-def answer_all(base_url: str, todo: list[Question], max_new_tokens: int, concurrency: int,
-               sink: Callable[[Question, list[int]], None]) -> int:
-    """Answer `todo`, `concurrency` at once, handing each answer to `sink` as it completes; the answer tokens."""
-    tokens, start, pool = 0, time.perf_counter(), ThreadPoolExecutor(concurrency)
+def answer_all(base_urls: list[str], todo: list[Question], max_new_tokens: int, concurrency: int,
+               sink: Callable[[Question, list[int]], None],
+               ask: Callable[[str, list[int], int], list[int]] = answer) -> int:
+    """Answer `todo` with `ask` (the server's /generate), `concurrency` at once per server (question i goes to
+    server i mod len(base_urls)), handing each answer to `sink` as it completes; the answer tokens."""
+    tokens, start, pool = 0, time.perf_counter(), ThreadPoolExecutor(concurrency * len(base_urls))
     try:
-        futures = {pool.submit(answer, base_url, q.prompt, max_new_tokens): q for q in todo}
+        futures = {pool.submit(ask, base_urls[i % len(base_urls)], q.prompt, max_new_tokens): q
+                   for i, q in enumerate(todo)}
         bar = tqdm(as_completed(futures), total=len(futures), desc="target answers", unit="req")
         for fut in bar:
             ids = fut.result()
@@ -210,17 +216,19 @@ def target_answers(model_path: str, tokenizer, questions: list[tuple[str, str]],
     todo = pending(asked, done)
     resumed, tokens, seconds = len(asked) - len(todo), 0, 0.0
     if todo:
-        spec = ServerSpec(model_path, port=answering.port, max_running_requests=answering.concurrency,
-                          max_total_tokens=answering.concurrency * (recipe.max_prompt_tokens + recipe.max_new_tokens)
-                          + 1024, speculative_args=answering.speculative_args)
+        specs = [ServerSpec(model_path, port=answering.port + i, max_running_requests=answering.concurrency,
+                            max_total_tokens=answering.concurrency * (recipe.max_prompt_tokens + recipe.max_new_tokens)
+                            + 1024, speculative_args=answering.speculative_args) for i in range(answering.replicas)]
 
         def keep(q: Question, output: list[int]) -> None:
             append_answer(f, q, output, recipe.max_new_tokens)
             done[tuple(q.prompt)] = output
 
-        with serving(spec) as server, open_partial(partial) as f:
+        with ExitStack() as stack:
+            urls = [stack.enter_context(serving(spec)).base_url for spec in specs]
+            f = stack.enter_context(open_partial(partial))
             start = time.perf_counter()
-            tokens = answer_all(server.base_url, todo, recipe.max_new_tokens, answering.concurrency, keep)
+            tokens = answer_all(urls, todo, recipe.max_new_tokens, answering.concurrency, keep)
             seconds = time.perf_counter() - start
     return Answers(assemble(asked, done), tokens, seconds, resumed)
 
@@ -268,7 +276,8 @@ def build(model_path: str, out: Path, recipe: Recipe, answering: Answering) -> d
     manifest = {"recipe": asdict(recipe), "target": model_path, "records": len(records), **token_counts(train, held),
                 "speculative_args": list(answering.speculative_args), "answers_resumed": answers.resumed,
                 "answers_from": [Path(a).name for a in answering.answers_from],
-                "answer_tokens_per_s": None if rate is None else round(rate, 1)}
+                "answer_tokens_per_s": None if rate is None else round(rate, 1),
+                "answer_servers": answering.replicas, "answer_concurrency_per_server": answering.concurrency}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -289,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--stdlib-tokens", type=int, default=400_000)
     b.add_argument("--chunk-tokens", type=int, default=512)
     b.add_argument("--heldout-share", type=float, default=0.05)
-    b.add_argument("--concurrency", type=int, default=32)
-    b.add_argument("--port", type=int, default=30100, help="server port (0: any free port)")
+    b.add_argument("--concurrency", type=int, default=64, help="requests in flight per server")
+    b.add_argument("--replicas", type=int, default=None, help="servers answering side by side, on ports --port, "
+                   "--port + 1, ... (default: one per CPU core; a CPU server computes on one core; 1 on a GPU)")
+    b.add_argument("--port", type=int, default=30100, help="first server's port (0: free ports)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--speculative-args", default="", help="extra server flags for answering, one shell-quoted "
                    "string, e.g. --speculative-args='--speculative-algorithm DSPARK --speculative-draft-model-path D' "
@@ -300,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
                    "none of them answered go to the server; repeatable")
     args = parser.parse_args(argv)
     from sgl_dspark.tools.models import PrepareError, prepare
-    from sgl_dspark.tools.launch import ServerError, free_port
+    from sgl_dspark.tools.launch import ServerError, free_port_run, has_cuda
+
+    def default_replicas() -> int:
+        return 1 if has_cuda() else max(1, len(os.sched_getaffinity(0)))
 
     recipe = Recipe(args.prompts_file, args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens,
                     args.stdlib_tokens, args.chunk_tokens, args.heldout_share, args.seed, args.code_prompts,
@@ -314,9 +328,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--answers-from {missing[0]} does not exist")
         if min(recipe.sharegpt_prompts, recipe.code_prompts, recipe.math_prompts) < 0:
             raise ValueError("--sharegpt-prompts, --code-prompts and --math-prompts must be >= 0")
+        replicas = default_replicas() if args.replicas is None else args.replicas
+        if replicas < 1 or args.concurrency < 1:
+            raise ValueError(f"--replicas and --concurrency must be >= 1 (got {replicas}, {args.concurrency})")
         model_path = args.model_path or str(prepare("float32").path)
-        answering = Answering(args.concurrency, args.port or free_port(), tuple(shlex.split(args.speculative_args)),
-                              tuple(args.answers_from))
+        port = args.port or free_port_run(replicas)
+        answering = Answering(args.concurrency, port, tuple(shlex.split(args.speculative_args)),
+                              tuple(args.answers_from), replicas)
         print(json.dumps(build(model_path, args.out, recipe, answering), indent=2))
 
     return cli.run("sgl_dspark.training.data", body, errors=(ValueError, PrepareError, ServerError))

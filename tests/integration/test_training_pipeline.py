@@ -29,7 +29,7 @@ def data_dir(default_model_path, tmp_path_factory) -> Path:
     questions.write_text("\n".join(QUESTIONS) + "\n")
     run("sgl_dspark.training.data", "build", "--out", str(out), "--model-path", default_model_path, "--prompts-file",
         str(questions), "--sharegpt-prompts", "0", "--max-new-tokens", "16", "--stdlib-tokens", "3000",
-        "--heldout-share", "0.5", "--concurrency", "3", "--port", "0")
+        "--heldout-share", "0.5", "--concurrency", "3", "--replicas", "1", "--port", "0")
     return out
 
 

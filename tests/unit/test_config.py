@@ -167,3 +167,14 @@ def test_the_shipped_drafters_recommended_knobs_load():
     from sgl_dspark.tools.models import SHIPPED_DRAFTER
 
     assert config_from_flags({}, SHIPPED_DRAFTER).lookup is True
+
+
+def test_lookup_knobs_come_from_the_config_and_default_to_the_lookup_defaults():
+    from sgl_dspark.lookup import LookupKnobs
+
+    assert load_config().lookup_knobs() == LookupKnobs()
+    knobs = load_config("default", {"lookup": True, "lookup_max_nodes": 4, "lookup_width": 1, "lookup_max_len": 3})
+    assert knobs.lookup_knobs() == LookupKnobs(width=1, max_len=3, max_nodes=4)
+    assert knobs.verify_nodes(7) == 7 + 4  # the KV SGLang reserves follows the lookup's node budget
+    with pytest.raises(ValueError, match="lookup_max_nodes=0 is invalid"):
+        load_config("default", {"lookup_max_nodes": 0})

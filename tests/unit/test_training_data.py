@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sgl_dspark.training.data import (Answers, Question, Record, append_answer, assemble, open_partial, pending,
+from sgl_dspark.training.data import (Answers, Question, Record, answer_all, append_answer, assemble, open_partial, pending,
                                       read_partial, read_records, split, token_counts, write_records)
 from sgl_dspark.training.prompts import json_array_items
 from sgl_dspark.training.init import feature_layers, frequent_tokens
@@ -84,3 +84,21 @@ def test_clip_record_keeps_the_tail_and_moves_the_answer_start():
 def test_frequent_tokens_and_feature_layers():
     assert frequent_tokens([[3, 3, 1], [1, 3, 0]], 2, vocab_size=5).tolist() == [1, 3]
     assert feature_layers(30, 2) == (1, 7, 15, 22, 27)  # the last one enters the first copied layer (28)
+
+
+def test_replicas_share_the_questions_and_every_answer_reaches_the_sink():
+    """Question i goes to server i mod the replicas; each answer is kept with its own question."""
+    import threading
+
+    asked, lock = [], threading.Lock()
+
+    def ask(url: str, prompt: list[int], max_new_tokens: int) -> list[int]:
+        with lock:
+            asked.append((url, prompt[0]))
+        return [prompt[0] + 100] * max_new_tokens
+
+    todo = [Question("prompts", [i]) for i in range(7)]
+    kept = {}
+    tokens = answer_all(["a", "b"], todo, 3, 2, lambda q, ids: kept.__setitem__(q.prompt[0], ids), ask)
+    assert tokens == 21 and kept == {i: [i + 100] * 3 for i in range(7)}
+    assert sorted(asked) == sorted([("a", i) for i in range(0, 7, 2)] + [("b", i) for i in range(1, 7, 2)])
