@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--eval-every-min", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-records", type=int, default=12, help="held-out records per source in each evaluation")
     p.add_argument("--target", default=None, help="target HF folder (default: the prepared default model)")
     p.add_argument("--report-only", action="store_true", help="no training: table and plot from OUT")
     a = p.parse_args(argv)
@@ -69,6 +70,7 @@ def train_variant(name: str, a: argparse.Namespace) -> None:
         return
     cmd = [sys.executable, "-m", "sgl_dspark.training.trainer", "--data", a.data, "--out", str(run),
            "--minutes", str(a.minutes), "--eval-every-min", str(a.eval_every_min), "--seed", str(a.seed),
+           "--bf16", "--cache-features", "--eval-records", str(a.eval_records),  # the shipped run's recipe
            *(("--target", a.target) if a.target else ()), *VARIANTS[name]]
     print(f"{name}: {' '.join(cmd[2:])}", flush=True)
     subprocess.run(cmd, check=True)

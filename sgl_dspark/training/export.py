@@ -82,6 +82,19 @@ def redact(text: str, mapping: dict[str, str]) -> str:
     return text
 
 
+def curve_table(curve: list[dict]) -> list[str]:
+    """The tau curve as markdown rows: overall, with the lookup chain, per source (every source any row has)."""
+    sources = sorted({k for r in curve for k in r if k.startswith("tau_") and k != "tau_hybrid"})
+    head = ["minutes", "step", "tau", "tau_hybrid", *sources, "P(k accepted given < k), k = 1..7"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in curve:
+        cells = [f"{r['minutes']:.1f}", str(r["step"])]
+        cells += ["-" if r.get(k) is None else f"{r[k]:.3f}" for k in ("tau", "tau_hybrid", *sources)]
+        cells.append(" ".join("-" if c is None else f"{c:.2f}" for c in r["cond_accept"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def card(run: Path, data_manifest: dict, curve: list[dict], size_mb: float, command: str, notes: str) -> str:
     spec = json.loads((run / "run.json").read_text())
     return redact(_card(run, spec, data_manifest, curve, size_mb, command, notes), placeholders(spec))
@@ -115,21 +128,18 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
         "```",
         json.dumps(data_manifest, indent=2),
         "```",
-        "ShareGPT first user turns answered greedily by the target through the real SGLang server (no speculation),",
-        "plus raw Python standard-library source (teacher-forced). The evaluation sets in ../shared/data/eval were",
+        "Questions (ShareGPT first user turns, code instructions made from the standard library's documented",
+        "functions, templated math problems) answered greedily by the target through the real SGLang server, plus",
+        "raw Python standard-library source (teacher-forced). The evaluation sets in ../shared/data/eval were",
         "never used for training.",
         "",
         "## Held-out accepted length (tau) against training time",
         "Teacher-forced blocks at every 4th anchor of held-out records; tau = 1 + leading draft tokens equal to the",
-        "target's greedy tokens (window 7, lookup off). Random-init reference: the facts file's curve.",
+        "target's greedy tokens (window 7, lookup off); tau_hybrid: with the lookup chain beside the drafter's.",
+        "Random-init reference: the facts file's curve.",
         "",
-        "| minutes | step | tau | tau (ShareGPT answers) | tau (stdlib) | P(k accepted given < k), k = 1..7 |",
-        "|---|---|---|---|---|---|",
+        *curve_table(curve),
     ]
-    for r in curve:
-        cond = " ".join(f"{c:.2f}" for c in r["cond_accept"])
-        lines.append(f"| {r['minutes']:.1f} | {r['step']} | {r['tau']:.3f} | {r.get('tau_sharegpt', float('nan')):.3f} "
-                     f"| {r.get('tau_stdlib', float('nan')):.3f} | {cond} |")
     lines += ["", f"![tau curve]({CURVE_PNG})", ""]
     if notes:
         lines += ["## Notes", notes.strip(), ""]

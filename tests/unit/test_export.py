@@ -34,3 +34,15 @@ def test_export_casts_weights_and_writes_the_card(tmp_path):
     assert "| 1.0 | 9 | 1.500 |" in card
     assert str(tmp_path) not in card and "/home/me" not in card and "# DSpark drafter for Tiny" in card
     assert (out / "calibration.json").is_file() and (out / "curve.png").stat().st_size > 0
+
+
+def test_curve_table_has_a_column_per_source_and_dashes_for_what_a_row_lacks():
+    from sgl_dspark.training.export import curve_table
+
+    rows = [{"step": 0, "minutes": 0.0, "tau": 1.0, "tau_stdlib": 1.0, "cond_accept": [0.0, None]},
+            {"step": 5, "minutes": 2.0, "tau": 1.4, "tau_hybrid": 1.9, "tau_code": 1.6, "tau_stdlib": 1.3,
+             "cond_accept": [0.3, 0.2]}]  # a continued run: a new held-out set with more sources
+    head, _, first, second = curve_table(rows)
+    assert head.split(" | ")[2:6] == ["tau", "tau_hybrid", "tau_code", "tau_stdlib"]
+    assert first == "| 0.0 | 0 | 1.000 | - | - | 1.000 | 0.00 - |"
+    assert second == "| 2.0 | 5 | 1.400 | 1.900 | 1.600 | 1.300 | 0.30 0.20 |"
