@@ -15,7 +15,8 @@ Knob sweeps (the hybrid's lookup nodes, windows, thresholds) use the same harnes
 `--constraints none` keeps unconstrained requests only; `--name` names the output files:
 
     python benchmarks/constrained.py --constraints none --name sweep-lookup \
-        --config nodes4='--speculative-dspark-lookup-max-nodes 4' --config nodes8='--speculative-dspark-lookup-max-nodes 8'
+        --config nodes4='--speculative-dspark-lookup-max-nodes 4' \
+        --config nodes8='--speculative-dspark-lookup-max-nodes 8'
 """
 
 import argparse
@@ -166,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         doc = run(args)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-        (args.out / f"{args.name}.md").write_text(markdown(doc) + "\n")
     table = markdown(doc)
+    if not args.from_json:
+        (args.out / f"{args.name}.md").write_text(table + "\n")
     print(table)
     if args.readme:
         spliced = splice_table(args.readme.read_text(), table, MARKERS)

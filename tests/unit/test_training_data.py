@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sgl_dspark.training.data import (Answers, Question, Record, answer_all, append_answer, assemble, open_partial, pending,
-                                      read_partial, read_records, split, token_counts, write_records)
+from sgl_dspark.training.data import (Answers, Question, Record, answer_all, append_answer, assemble, open_partial,
+                                      pending, read_partial, read_records, split, token_counts, write_records)
 from sgl_dspark.training.prompts import json_array_items
 from sgl_dspark.training.init import feature_layers, frequent_tokens
 from sgl_dspark.training.rollout import clip_record
