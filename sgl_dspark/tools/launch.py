@@ -5,6 +5,7 @@ is always stopped here (whole process group), and its port is free again afterwa
 """
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -75,10 +76,29 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+SERVER_PORTS = 8000  # how many ports below the kernel's ephemeral range free_port picks from
+
+
+def ephemeral_start(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """The lowest local port the kernel gives outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    """A free port below the ephemeral range. A port the kernel would hand out (binding port 0 gives one) can be
+    taken by an outgoing connection (a health poll, SGLang's own sockets) between this choice and the server's
+    bind, and the server then dies with 'address already in use' (seen in CI)."""
+    lo = ephemeral_start()
+    first = max(1024, lo - SERVER_PORTS)
+    for _ in range(200):
+        port = random.randrange(first, lo)
+        if not port_in_use(port):
+            return port
+    raise ServerError(f"no free port found in [{first}, {lo}) on {HOST}")
 
 
 def free_port_run(count: int, tries: int = 50) -> int:
