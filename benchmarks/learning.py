@@ -14,6 +14,7 @@ run only, at equal minutes.
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ VARIANTS = {
 }
 DONE = "done.json"
 WINDOW = 7
+# the issue's neural-alone targets, read against the held-out sources nearest the evaluation sets
+TARGETS = {"tau_code": 2.0, "tau_sharegpt": 1.7}
+TREND_POINTS = 5  # evaluations at the end of the shipped curve that the trend is fitted to
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,6 +98,30 @@ def tau_at(curve: list[dict], minutes: float) -> float | None:
     return before[-1] if before else None
 
 
+def log_trend(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares fit of tau = a + b ln(minutes) -> (a, b); b ln 2 is the gain per doubling of training time."""
+    xs = [math.log(m) for m, _ in points]
+    ys = [t for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if len(points) < 2 or sxx == 0:
+        raise ValueError("log_trend: needs two evaluations at different minutes")
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def trend(curve: list[dict], key: str, target: float, points: int = TREND_POINTS) -> dict | None:
+    """The shipped run's trend in `key` over its last `points` evaluations that carry it: gain per doubling of the
+    minutes, and the minutes at which the fitted line reaches `target` (None if it does not rise)."""
+    tail = [(r["minutes"], r[key]) for r in curve if r.get(key) is not None and r["minutes"] > 0][-points:]
+    if len(tail) < 2:
+        return None
+    a, b = log_trend(tail)
+    reach = math.exp((target - a) / b) if b > 0 else None
+    return {"key": key, "target": target, "from_minutes": tail[0][0], "to_minutes": tail[-1][0], "last": tail[-1][1],
+            "gain_per_doubling": b * math.log(2), "minutes_to_target": reach}
+
+
 def report(out: Path, names: list[str]) -> dict:
     """learning.json / .md / .png from the variants' run folders (those that have a curve)."""
     shipped = read_curve(SHIPPED)
@@ -109,9 +137,10 @@ def report(out: Path, names: list[str]) -> dict:
                      "steps": last["step"], "tau": last["tau"],
                      "tau_hybrid": last.get("tau_hybrid"), "shipped_tau_same_minutes": tau_at(shipped, last["minutes"]),
                      "draft_ms": done.get("draft_ms"), "curve": curve})
-    doc = {"shipped": {"path": SHIPPED.name, "curve": shipped}, "variants": rows}
+    trends = [t for key, goal in TARGETS.items() if (t := trend(shipped, key, goal)) is not None]
+    doc = {"shipped": {"path": SHIPPED.name, "curve": shipped, "trends": trends}, "variants": rows}
     (out / "learning.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "learning.md").write_text(markdown(rows))
+    (out / "learning.md").write_text(markdown(rows) + trend_markdown(trends))
     plot(rows, shipped, out / "learning.png")
     return doc
 
@@ -126,6 +155,20 @@ def markdown(rows: list[dict]) -> str:
         hybrid = "-" if r["tau_hybrid"] is None else f"{r['tau_hybrid']:.3f}"
         lines.append(f"| {r['variant']} | `{r['flags'] or '(none)'}` | {r['minutes']:.1f} | {r['steps']} | "
                      f"{r['tau']:.3f} | {hybrid} | {ship} | {ms} |")
+    return "\n".join(lines) + "\n"
+
+
+def trend_markdown(trends: list[dict]) -> str:
+    if not trends:
+        return ""
+    lines = ["", f"The shipped drafter's run, fitted tau = a + b ln(minutes) over its last {TREND_POINTS} evaluations "
+             "(offline held-out tau, lookup off; served tau also depends on the verify budget):", "",
+             "| held-out source | minutes fitted | last tau | gain per doubling of minutes | target | "
+             "minutes at which the fit reaches it |", "|---|---|---:|---:|---:|---:|"]
+    for t in trends:
+        reach = "not rising" if t["minutes_to_target"] is None else f"{t['minutes_to_target']:.0f}"
+        lines.append(f"| {t['key'].removeprefix('tau_')} | {t['from_minutes']:.0f}-{t['to_minutes']:.0f} | "
+                     f"{t['last']:.3f} | {t['gain_per_doubling']:+.3f} | {t['target']:.1f} | {reach} |")
     return "\n".join(lines) + "\n"
 
 
@@ -159,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             train_variant(name, a)
     doc = report(out, names)
-    print(markdown(doc["variants"]))
+    print(markdown(doc["variants"]) + trend_markdown(doc["shipped"]["trends"]))
     print(f"wrote {out / 'learning.json'}, learning.md, learning.png")
     return 0
 

@@ -1,8 +1,9 @@
 """benchmarks.learning's report: variants' curves -> table, plot and JSON beside the shipped drafter's curve."""
 
 import json
+import math
 
-from benchmarks.learning import DONE, draft_ms, main, tau_at
+from benchmarks.learning import DONE, draft_ms, main, tau_at, trend
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.drafter.checkpoint import save_drafter
 
@@ -34,3 +35,13 @@ def test_draft_ms_times_a_drafter_of_the_checkpoints_shape(tmp_path):
     drafter, _ = random_drafter(tiny_hf_config())
     save_drafter(drafter, tmp_path)
     assert 0 < draft_ms(tmp_path, repeats=2) < 1000
+
+
+def test_trend_fits_the_log_of_minutes_and_solves_for_the_target():
+    curve = [{"minutes": m, "tau": 9.0, "tau_code": 1.0 + 0.1 * math.log2(m)} for m in (10.0, 20.0, 40.0, 80.0)]
+    curve.append({"minutes": 90.0, "tau": 9.0})  # no tau_code: not fitted
+    got = trend(curve, "tau_code", target=1.8, points=3)
+    assert got["from_minutes"] == 20.0 and got["to_minutes"] == 80.0
+    assert math.isclose(got["gain_per_doubling"], 0.1) and math.isclose(got["minutes_to_target"], 256.0)
+    flat = [{"minutes": m, "tau_code": 1.5} for m in (10.0, 20.0)]
+    assert trend(flat, "tau_code", 2.0)["minutes_to_target"] is None and trend(flat[:1], "tau_code", 2.0) is None
