@@ -31,14 +31,14 @@ from sgl_dspark.training.export import read_curve
 
 SHIPPED = Path(__file__).resolve().parents[1] / "sgl_dspark" / "drafters" / "smollm2-135m-instruct"
 # name -> trainer flags on top of the common ones (the baseline is the shipped drafter's recipe: preset small, zero
-# Markov init, cosine schedule, no complement, top-32 targets).
+# Markov init, cosine schedule, no complement, top-32 targets; bigram init won and is the trainer's default since).
 VARIANTS = {
-    "baseline": (),
+    "baseline": ("--markov-init", "zero"),
     "bigram": ("--markov-init", "bigram"),
-    "depth1": ("--preset", "small-1layer"),
-    "constant-lr": ("--lr-schedule", "constant"),
-    "complement": ("--complement", "0.5"),
-    "topk8": ("--top-k", "8"),
+    "depth1": ("--preset", "small-1layer", "--markov-init", "zero"),
+    "constant-lr": ("--lr-schedule", "constant", "--markov-init", "zero"),
+    "complement": ("--complement", "0.5", "--markov-init", "zero"),
+    "topk8": ("--top-k", "8", "--markov-init", "zero"),
 }
 DONE = "done.json"
 WINDOW = 7
