@@ -3,9 +3,10 @@
 import json
 import math
 
-from benchmarks.learning import DONE, draft_ms, main, tau_at, trend
+from benchmarks.learning import DONE, VARIANTS, draft_ms, main, tau_at, trend
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.drafter.checkpoint import save_drafter
+from sgl_dspark.training.trainer import parse_args
 
 
 def test_tau_at_takes_the_last_evaluation_within_the_minutes():
@@ -45,3 +46,9 @@ def test_trend_fits_the_log_of_minutes_and_solves_for_the_target():
     assert math.isclose(got["gain_per_doubling"], 0.1) and math.isclose(got["minutes_to_target"], 256.0)
     flat = [{"minutes": m, "tau_code": 1.5} for m in (10.0, 20.0)]
     assert trend(flat, "tau_code", 2.0)["minutes_to_target"] is None and trend(flat[:1], "tau_code", 2.0) is None
+
+
+def test_the_common_flags_pin_zero_markov_init_and_a_variant_overrides_them():
+    common = ["--data", "D", "--out", "O", "--markov-init", "zero"]
+    assert parse_args(common).markov_init == "zero"
+    assert parse_args([*common, *VARIANTS["bigram"]]).markov_init == "bigram"
