@@ -2,8 +2,8 @@
 
 `python -m sgl_dspark.training.data build --out DIR` writes DIR/train.jsonl, DIR/heldout.jsonl (one record per line:
 `{"source", "ids", "loss_from"}`; positions >= loss_from are trained on) and DIR/manifest.json (the recipe).
-Questions (all offline, see `prompts`): ShareGPT first user turns, standard-library code instructions and templated
-math problems, answered greedily by the target; plus Python standard-library source, teacher-forced. Each answer is
+Questions (all offline, see `prompts`): ShareGPT first user turns, standard-library code instructions and function-completion
+problems and templated math problems, answered greedily by the target; plus Python standard-library source, teacher-forced. Each answer is
 appended to DIR/answers.partial.jsonl as it arrives, and a rerun with the same DIR answers only what is missing.
 Never reads ../shared/data/eval. Owns record I/O, answering and the recipe; must not train or import SGLang (the
 server is a subprocess).
@@ -32,12 +32,12 @@ from sgl_dspark import cli
 from sgl_dspark.training.prompts import mix, stdlib_files
 
 PARTIAL_FILE = "answers.partial.jsonl"  # in --out: one line per finished answer, read back by a rerun
-SOURCES = ("prompts", "sharegpt", "code", "math", "stdlib")
+SOURCES = ("prompts", "sharegpt", "code", "completion", "math", "stdlib")
 
 
 @dataclass(frozen=True)
 class Record:
-    source: str  # "sharegpt" | "code" | "math" | "prompts" (target answers) | "stdlib" (raw text)
+    source: str  # "sharegpt" | "code" | "completion" | "math" | "prompts" (target answers) | "stdlib" (raw text)
     ids: list[int]  # prompt + answer token ids
     loss_from: int  # first position whose next-token is trained on (the answer start; 0 for raw text)
 
@@ -54,6 +54,7 @@ class Recipe:
     seed: int
     code_prompts: int  # instructions made from documented standard-library functions and classes
     math_prompts: int  # templated math word problems
+    completion_prompts: int = 0  # documented standard-library functions' signatures and docstrings to complete
 
 
 @dataclass(frozen=True)
@@ -243,12 +244,13 @@ def split(records: list[Record], share: float, seed: int) -> tuple[list[Record],
 
 
 def questions_of(recipe: Recipe) -> list[tuple[str, str]]:
-    """The --prompts-file questions first, then ShareGPT, code and math interleaved."""
+    """The --prompts-file questions first, then ShareGPT, code, math and completion interleaved."""
     out = []
     if recipe.prompts_file:
         lines = Path(recipe.prompts_file).read_text().splitlines()
         out += [("prompts", q.strip()) for q in lines if q.strip()]
-    counts = {"sharegpt": recipe.sharegpt_prompts, "code": recipe.code_prompts, "math": recipe.math_prompts}
+    counts = {"sharegpt": recipe.sharegpt_prompts, "code": recipe.code_prompts, "math": recipe.math_prompts,
+              "completion": recipe.completion_prompts}
     return out + mix(counts, recipe.seed)
 
 
@@ -293,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--code-prompts", type=int, default=0, help="instructions made from the standard library's "
                    "documented functions and classes (write / implement / explain / test / use)")
     b.add_argument("--math-prompts", type=int, default=0, help="templated math word problems")
+    b.add_argument("--completion-prompts", type=int, default=0, help="function-completion problems: a documented "
+                   "standard-library function's signature and docstring in a code fence")
     b.add_argument("--max-new-tokens", type=int, default=192)
     b.add_argument("--max-prompt-tokens", type=int, default=256)
     b.add_argument("--stdlib-tokens", type=int, default=400_000)
@@ -318,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
     recipe = Recipe(args.prompts_file, args.sharegpt_prompts, args.max_new_tokens, args.max_prompt_tokens,
                     args.stdlib_tokens, args.chunk_tokens, args.heldout_share, args.seed, args.code_prompts,
-                    args.math_prompts)
+                    args.math_prompts, args.completion_prompts)
 
     def body() -> None:
         if args.prompts_file and not Path(args.prompts_file).is_file():
@@ -326,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = [a for a in args.answers_from if not Path(a).is_file()]
         if missing:
             raise ValueError(f"--answers-from {missing[0]} does not exist")
-        if min(recipe.sharegpt_prompts, recipe.code_prompts, recipe.math_prompts) < 0:
-            raise ValueError("--sharegpt-prompts, --code-prompts and --math-prompts must be >= 0")
+        if min(recipe.sharegpt_prompts, recipe.code_prompts, recipe.math_prompts, recipe.completion_prompts) < 0:
+            raise ValueError("--sharegpt-prompts, --code-prompts, --math-prompts and --completion-prompts must be >= 0")
         replicas = default_replicas() if args.replicas is None else args.replicas
         if replicas < 1 or args.concurrency < 1:
             raise ValueError(f"--replicas and --concurrency must be >= 1 (got {replicas}, {args.concurrency})")

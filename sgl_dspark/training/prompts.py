@@ -1,6 +1,6 @@
 """Questions for the target to answer, all offline: ShareGPT first user turns, code instructions made from the
-Python standard library's documented functions and classes (read with `ast`, never imported), and math word
-problems from templates with random numbers; plus their mixing in given counts or shares. Every source is
+Python standard library's documented functions and classes (read with `ast`, never imported), completion problems
+(a documented function's signature and docstring, to complete), and math word problems from templates with random numbers; plus their mixing in given counts or shares. Every source is
 deterministic given a seed and prefix-stable (a larger count starts with the smaller count's questions).
 Owns questions and the list of standard-library files (data's raw text reads it too); no tokenizer, no server;
 never reads ../shared/data/eval.
@@ -227,12 +227,11 @@ def round_robin(groups: list[list[CodeItem]]) -> Iterator[CodeItem]:
         yield from (g[depth] for g in groups if depth < len(g))
 
 
-def code_instructions(limit: int, seed: int, files: list[Path] | None = None) -> list[str]:
-    """Up to `limit` distinct code instructions from the standard library (files and their items in a `seed`
-    order, taken one item per module in turn; each item gets a template drawn with `seed`)."""
+def shuffled_items(rng: random.Random, files: list[Path] | None) -> Iterator[CodeItem]:
+    """The items of the standard library (or of `files`): files and their items in an `rng` order, taken one
+    item per module in turn."""
     root = stdlib_root()
     files = sorted(files) if files is not None else list(stdlib_files())
-    rng = random.Random(seed)
     rng.shuffle(files)
     groups = []
     for path in files:
@@ -241,10 +240,53 @@ def code_instructions(limit: int, seed: int, files: list[Path] | None = None) ->
             items = code_items(path.read_text(errors="replace"), name)
             rng.shuffle(items)
             groups.append(items)
+    return round_robin(groups)
+
+
+def code_instructions(limit: int, seed: int, files: list[Path] | None = None) -> list[str]:
+    """Up to `limit` distinct code instructions from the standard library (items in a `seed` order; each item
+    gets a template drawn with `seed`)."""
+    rng = random.Random(seed)
     seen, out = set(), []
-    for item in round_robin(groups):
+    for item in shuffled_items(rng, files):
         text = code_instruction(item, rng.randrange(len(CODE_TEMPLATES)))
         if text and text not in seen:
+            seen.add(text)
+            out.append(text)
+            if len(out) == limit:
+                break
+    return out
+
+
+# --- completion problems ---------------------------------------------------------------------------------------
+
+COMPLETION_ASKS = ("Complete this Python function so that it does what its docstring says:",
+                   "Fill in the body of this Python function. Keep its signature:",
+                   "Implement the following Python function and explain your approach briefly:")
+
+
+def function_stub(item: CodeItem) -> str | None:
+    """A documented function's source up to the end of its docstring (the body left out), or None for a class,
+    a method or a function whose docstring is not its first statement."""
+    if item.kind != "function":
+        return None
+    node = ast.parse(item.source).body[0]
+    doc = node.body[0] if node.body else None
+    if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+        return None
+    return "\n".join(item.source.splitlines()[:doc.end_lineno]) + "\n"
+
+
+def completion_problems(limit: int, seed: int, files: list[Path] | None = None) -> list[str]:
+    """Up to `limit` distinct function-completion problems from the standard library: a documented function's
+    signature and docstring in a code fence, to be completed (items in a `seed` order, their own draw apart from
+    code_instructions', so adding them changes no other question)."""
+    rng = random.Random(f"completion:{seed}")
+    seen, out = set(), []
+    for item in shuffled_items(rng, files):
+        stub = function_stub(item)
+        text = stub and f"{rng.choice(COMPLETION_ASKS)}\n```python\n{stub}```"
+        if text and len(text) <= MAX_CODE_CHARS and text not in seen:
             seen.add(text)
             out.append(text)
             if len(out) == limit:
@@ -392,7 +434,8 @@ def math_problems(limit: int, seed: int) -> list[str]:
 
 # --- mixing ------------------------------------------------------------------------------------------------------
 
-GENERATORS: dict[str, Generator] = {"sharegpt": sharegpt_questions, "code": code_instructions, "math": math_problems}
+GENERATORS: dict[str, Generator] = {"sharegpt": sharegpt_questions, "code": code_instructions, "math": math_problems,
+                                    "completion": completion_problems}
 
 
 def share_counts(total: int, shares: Mapping[str, float]) -> dict[str, int]:

@@ -141,3 +141,22 @@ def test_mixed_questions_take_the_shares():
     got = mixed_questions(10, {"sharegpt": 0.5, "code": 0.3, "math": 0.2}, seed=0, generators=fake_generators())
     assert len(got) == 10
     assert [src for src, _ in got].count("code") == 3 and [src for src, _ in got].count("math") == 2
+
+
+def test_completion_problems_show_a_documented_functions_signature_and_docstring_only(tmp_path):
+    from sgl_dspark.training.prompts import COMPLETION_ASKS, completion_problems, function_stub
+
+    mean, stack, push = code_items(SOURCE, "stats")
+    assert function_stub(mean) == 'def mean(data, *, weights=None):\n    """Return the arithmetic mean of data.\n\n' \
+        '    Longer explanation that is not used.\n    """\n'  # the body (`return ...`) left out
+    assert function_stub(stack) is None and function_stub(push) is None  # classes and methods need their class
+    (tmp_path / "stats.py").write_text(SOURCE)
+    (tmp_path / "shapes.py").write_text('def area(w, h):\n    """Return the area of a w by h rectangle."""\n'
+                                        '    return w * h\n')
+    files = [tmp_path / "stats.py", tmp_path / "shapes.py"]
+    got = completion_problems(10, seed=0, files=files)
+    assert len(got) == 2 and all(p.split("\n")[0] in COMPLETION_ASKS for p in got)
+    area = next(p for p in got if "def area" in p)
+    assert area.endswith('```python\ndef area(w, h):\n    """Return the area of a w by h rectangle."""\n```')
+    assert "return w * h" not in area and completion_problems(1, seed=0, files=files) == got[:1]
+    assert completion_problems(10, seed=0, files=files[::-1]) == got
