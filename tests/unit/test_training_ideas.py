@@ -10,7 +10,7 @@ from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.training.coverage import complement_scale, lookup_depths
 from sgl_dspark.training.init import bigram_markov, bigram_pmi
 from sgl_dspark.training.objective import LossWeights, SparseTarget, dspark_loss
-from sgl_dspark.training.rollout import hybrid_length
+from sgl_dspark.training.rollout import hybrid_length, stepped_lengths
 from sgl_dspark.training.trainer import lr_factor
 
 
@@ -76,3 +76,13 @@ def test_hybrid_length_takes_the_longer_leading_run_of_drafter_and_lookup():
     accepted = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
     valid = torch.tensor([[True] * 3, [True] * 3, [True, True, False]])  # the last row is cut: not counted
     assert hybrid_length(accepted, valid, torch.tensor([2, 0, 3])).tolist() == [3.0, 3.0]
+
+
+def test_stepped_lengths_start_each_step_where_the_last_one_ended():
+    accepted = torch.tensor([[1, 1], [0, 0], [0, 0], [1, 0]]).bool()
+    valid = torch.ones(4, 2, dtype=torch.bool)
+    assert stepped_lengths(accepted, valid) == [3, 2]  # anchors 0 and 3; rows 1 and 2 are inside step 0
+    tail = torch.tensor([[True, False], [False, False]])  # the last anchor's second token lies past the end
+    assert stepped_lengths(torch.ones(2, 2, dtype=torch.bool), tail) == [2]  # one step covers both rows
+    per_anchor = (1 + torch.cumprod(accepted.long(), 1).sum(1)).float().mean()
+    assert per_anchor == 1.75 and sum([3, 2]) / 2 == 2.5  # the two means differ; per step is what a server reports
