@@ -14,6 +14,7 @@ acceptance.py reports with --dspark-args=--speculative-dspark-scheduler=off, loo
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import requests
@@ -62,7 +63,7 @@ def answers(model: str, args: argparse.Namespace, tokenizer) -> list[Record]:
             reply.raise_for_status()
             records.append(Record(p.set_name, ids + reply.json()["output_ids"], len(ids)))
     args.answers.parent.mkdir(parents=True, exist_ok=True)
-    args.answers.write_text(json.dumps({"key": key, "records": [r.__dict__ for r in records]}) + "\n")
+    args.answers.write_text(json.dumps({"key": key, "records": [asdict(r) for r in records]}) + "\n")
     return records
 
 

@@ -2,9 +2,10 @@
 
 `python -m sgl_dspark.training.data build --out DIR` writes DIR/train.jsonl, DIR/heldout.jsonl (one record per line:
 `{"source", "ids", "loss_from"}`; positions >= loss_from are trained on) and DIR/manifest.json (the recipe).
-Questions (all offline, see `prompts`): ShareGPT first user turns, standard-library code instructions and function-completion
-problems and templated math problems, answered greedily by the target; plus Python standard-library source, teacher-forced. Each answer is
-appended to DIR/answers.partial.jsonl as it arrives, and a rerun with the same DIR answers only what is missing.
+Questions (all offline, see `prompts`): ShareGPT first user turns, standard-library code instructions and
+function-completion problems, and templated math problems, answered greedily by the target; plus Python
+standard-library source, teacher-forced. Each answer is appended to DIR/answers.partial.jsonl as it arrives, and a
+rerun with the same DIR answers only what is missing.
 Never reads ../shared/data/eval. Owns record I/O, answering and the recipe; must not train or import SGLang (the
 server is a subprocess).
 """

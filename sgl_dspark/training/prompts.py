@@ -1,7 +1,8 @@
 """Questions for the target to answer, all offline: ShareGPT first user turns, code instructions made from the
 Python standard library's documented functions and classes (read with `ast`, never imported), completion problems
-(a documented function's signature and docstring, to complete), and math word problems from templates with random numbers; plus their mixing in given counts or shares. Every source is
-deterministic given a seed and prefix-stable (a larger count starts with the smaller count's questions).
+(a documented function's signature and docstring, to complete), and math word problems from templates with
+random numbers; plus their mixing in given counts or shares. Every source is deterministic given a seed and
+prefix-stable (a larger count starts with the smaller count's questions).
 Owns questions and the list of standard-library files (data's raw text reads it too); no tokenizer, no server;
 never reads ../shared/data/eval.
 """
@@ -266,14 +267,11 @@ COMPLETION_ASKS = ("Complete this Python function so that it does what its docst
 
 
 def function_stub(item: CodeItem) -> str | None:
-    """A documented function's source up to the end of its docstring (the body left out), or None for a class,
-    a method or a function whose docstring is not its first statement."""
+    """A documented function's source up to the end of its docstring (the body left out), or None for a class or
+    a method. (Every item has a docstring, so a function's first statement is one: code_items keeps only those.)"""
     if item.kind != "function":
         return None
-    node = ast.parse(item.source).body[0]
-    doc = node.body[0] if node.body else None
-    if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
-        return None
+    doc = ast.parse(item.source).body[0].body[0]
     return "\n".join(item.source.splitlines()[:doc.end_lineno]) + "\n"
 
 

@@ -105,8 +105,8 @@ def stepped_lengths(accepted: torch.Tensor, valid: torch.Tensor) -> list[int]:
     """Tokens per verify step of one example's stride-1 rows (row i: the block drafted at anchor i), stepping the
     way a server that verifies every drafted token does: a step at anchor i commits 1 + its leading accepted run,
     and the next step starts there: the per-step tau a server reports. The per-anchor mean weighs every position
-    alike, so where easy positions cluster (a long accepted run) it counts them many times against once here. Example: accepted [[1, 1], [0, 0],
-    [0, 0], [1, 0]] -> steps at anchors 0 and 3 -> [3, 2]."""
+    alike, so where easy positions cluster (a long accepted run) it counts them many times against once here.
+    Example: accepted [[1, 1], [0, 0], [0, 0], [1, 0]] -> steps at anchors 0 and 3 -> [3, 2]."""
     out, pos = [], 0
     while pos < accepted.shape[0]:
         run = accepted[pos] & valid[pos]

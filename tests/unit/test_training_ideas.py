@@ -85,4 +85,5 @@ def test_stepped_lengths_start_each_step_where_the_last_one_ended():
     tail = torch.tensor([[True, False], [False, False]])  # the last anchor's second token lies past the end
     assert stepped_lengths(torch.ones(2, 2, dtype=torch.bool), tail) == [2]  # one step covers both rows
     per_anchor = (1 + torch.cumprod(accepted.long(), 1).sum(1)).float().mean()
-    assert per_anchor == 1.75 and sum([3, 2]) / 2 == 2.5  # the two means differ; per step is what a server reports
+    per_step = sum(stepped_lengths(accepted, valid)) / 2
+    assert per_anchor == 1.75 and per_step == 2.5  # the two means differ; per step is what a server reports
