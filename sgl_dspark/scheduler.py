@@ -1,7 +1,8 @@
 """Verify budget: which drafted nodes of each request the target verifies in one step (paper 3.2.2, 5.2).
 
 Owns the scheduler protocol (`plan`, `observe`) and its modes, chosen once by `make_scheduler`: "prefix"
-(Algorithm 1 with its early stop), "lagged" (5.2: a global-argmax budget from confidences two steps old) and
+(Algorithm 1 with its early stop, taken a width level at a time: the verify batch pads every request to the widest,
+so the node that widens it costs a row per request and the other requests' nodes at that width ride free), "lagged" (5.2: a global-argmax budget from confidences two steps old) and
 "off" (verify all drafted). Pure torch on CPU; must not draft, verify, calibrate or import SGLang. Every mode
 is non-anticipating: whether a node is verified never depends on that node's own token (paper appendix A).
 """
@@ -75,12 +76,14 @@ class Candidates:
 
 @dataclass(frozen=True)
 class Pool:
-    """What a budget is chosen over: the forced nodes are in; the open nodes compete in admission order."""
+    """What a budget is chosen over: the forced nodes are in; the open nodes compete level by level
+    (`level_sequence`), and a budget is one of the level ends."""
 
     batch_tokens: torch.Tensor  # [M + 1] int64: B after admitting the first i open nodes (rows padded to the widest
     # request, as the verify batch lays them out, plus extra tokens)
     base_accepts: float  # tau with no open node: one per request (the bonus) + forced nodes' survival
-    open_survival: torch.Tensor  # [M] float64, non-increasing
+    open_survival: torch.Tensor  # [M] float64, in level order
+    level_ends: torch.Tensor  # [L + 1] int64: 0, then the number of open nodes admitted when each level is complete
     overhead_s: float = 0.0  # the whole step's seconds besides the verify forward (PlanInput)
     overhead_per_token_s: float = 0.0
 
@@ -147,22 +150,39 @@ def eligible(cands: Candidates, knobs: Knobs) -> torch.Tensor:
     return torch.ones_like(cands.rank, dtype=torch.bool) if knobs.max_verify is None else cands.rank < knobs.max_verify
 
 
-def make_pool(cands: Candidates, forced: torch.Tensor, open_: torch.Tensor, batch: PlanInput) -> Pool:
+def level_sequence(cands: Candidates, open_: torch.Tensor) -> torch.Tensor:
+    """open_ [N] bool -> [M] indices of the open nodes, level by level: level k holds every request's open node of
+    rank k (its k-th by admission order), listed in admission order. A prefix of it is prefix-closed per request, and
+    whether a node's level is admitted depends on its own request's higher-ranked nodes only, never on its
+    descendants (appendix A). Example: open nodes of requests [0, 0, 1] (ranks 0, 1, 0) -> [0, 2, 1]."""
+    index = open_.nonzero().squeeze(1)
+    return index[torch.argsort(cands.rank[index], stable=True)]
+
+
+def level_ends(ranks: torch.Tensor) -> torch.Tensor:
+    """ranks [M] of a level sequence (non-decreasing) -> [L + 1]: 0 and the count admitted at each level's end.
+    Example: [1, 1, 2, 3, 3] -> [0, 2, 3, 5]."""
+    m = ranks.shape[0]
+    inner = (ranks[1:] != ranks[:-1]).nonzero().squeeze(1) + 1
+    return torch.cat([torch.zeros(1, dtype=torch.long), inner, torch.full((min(m, 1),), m, dtype=torch.long)])
+
+
+def make_pool(cands: Candidates, forced: torch.Tensor, sequence: torch.Tensor, batch: PlanInput) -> Pool:
     base_accepts = cands.n_requests + float(cands.survival[forced].sum())
-    return Pool(padded_tokens(cands, forced, open_, batch.extra_tokens), base_accepts, cands.survival[open_],
-                batch.overhead_s, batch.overhead_per_token_s)
+    return Pool(padded_tokens(cands, forced, sequence, batch.extra_tokens), base_accepts, cands.survival[sequence],
+                level_ends(cands.rank[sequence]), batch.overhead_s, batch.overhead_per_token_s)
 
 
-def padded_tokens(cands: Candidates, forced: torch.Tensor, open_: torch.Tensor, extra: int) -> torch.Tensor:
-    """[M + 1]: the verify batch's rows after admitting the first i open nodes. Every request gets as many rows as the
-    widest one (root + its admitted nodes), so a node that widens the batch costs a row per request, and the nodes of
-    other requests up to that width cost nothing more. Example: 2 requests, open nodes of requests [0, 0, 1] -> [2, 4,
-    6, 6]."""
+def padded_tokens(cands: Candidates, forced: torch.Tensor, sequence: torch.Tensor, extra: int) -> torch.Tensor:
+    """[M + 1]: the verify batch's rows after admitting the first i open nodes of `sequence` (indices). Every request
+    gets as many rows as the widest one (root + its admitted nodes), so a node that widens the batch costs a row per
+    request, and the nodes of other requests up to that width cost nothing more. Example: 2 requests, open nodes of
+    requests [0, 0, 1] -> [2, 4, 6, 6]."""
     r = cands.n_requests
     if r == 0:
-        return torch.full((int(open_.sum()) + 1,), extra, dtype=torch.long)
+        return torch.full((sequence.shape[0] + 1,), extra, dtype=torch.long)
     base = torch.bincount(cands.request[forced], minlength=r)  # [R] forced nodes per request
-    counts = base[None, :] + torch.cumsum(torch.nn.functional.one_hot(cands.request[open_], r), 0)  # [M, R]
+    counts = base[None, :] + torch.cumsum(torch.nn.functional.one_hot(cands.request[sequence], r), 0)  # [M, R]
     width = torch.cat([base.max().reshape(1), counts.max(1).values])  # [M + 1]
     return r * (1 + width) + extra
 
@@ -174,6 +194,12 @@ def throughput(pool: Pool, table: StepCostTable) -> torch.Tensor:
     tau = pool.base_accepts + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(pool.open_survival, 0)])
     batch = pool.batch_tokens
     return tau / (table.costs(batch) + pool.overhead_s + pool.overhead_per_token_s * batch)
+
+
+def level_budget(pool: Pool, theta: torch.Tensor, choose) -> int:
+    """Open nodes to admit: `choose` (early stop or global argmax) over Theta at the level ends only, since inside a
+    level the first node pays the widening and the rest ride free."""
+    return int(pool.level_ends[choose(theta[pool.level_ends])])
 
 
 def early_stop_budget(theta: torch.Tensor) -> int:
@@ -190,7 +216,7 @@ def global_budget(theta: torch.Tensor) -> int:
 
 
 def latency_cap(pool: Pool, table: StepCostTable, target_s: float | None) -> int:
-    """Most open nodes whose step cost stays within the target (the forced ones are in regardless)."""
+    """Most open nodes (of the level sequence) whose step cost stays within the target (forced ones are in)."""
     m = pool.open_survival.shape[0]
     if target_s is None:
         return m
@@ -224,11 +250,12 @@ class BudgetScheduler:
         cands = candidates(batch.trees)
         allowed = eligible(cands, self.knobs)
         forced = allowed & (cands.rank < self.knobs.min_verify)
-        open_ = allowed & ~forced & (cands.survival > 0)
-        pool = make_pool(cands, forced, open_, batch)
+        sequence = level_sequence(cands, allowed & ~forced & (cands.survival > 0))
+        pool = make_pool(cands, forced, sequence, batch)
         count = min(self.budget(pool), latency_cap(pool, self.cost_table, self.knobs.latency_target_s))
-        first = open_ & (torch.cumsum(open_.long(), 0) <= count)
-        return make_plan(cands, forced | first, batch.extra_tokens)
+        admitted = forced.clone()
+        admitted[sequence[:count]] = True
+        return make_plan(cands, admitted, batch.extra_tokens)
 
     def budget(self, pool: Pool) -> int:
         raise NotImplementedError
@@ -239,15 +266,15 @@ class BudgetScheduler:
 
 
 class PrefixScheduler(BudgetScheduler):
-    """Paper Algorithm 1: greedy admission by survival with the early stop (lossless on its own)."""
+    """Paper Algorithm 1: greedy admission with the early stop (lossless on its own), a width level at a time."""
 
     def budget(self, pool: Pool) -> int:
-        return early_stop_budget(throughput(pool, self.cost_table))
+        return level_budget(pool, throughput(pool, self.cost_table), early_stop_budget)
 
 
 class LaggedScheduler(BudgetScheduler):
-    """Paper 5.2: the budget K is the global argmax of Theta over the pool of `lag` plans ago, so it is known
-    before this step's tokens exist (and may cross SPS cliffs); this step takes its top-K open nodes. Until
+    """Paper 5.2: the budget K is the global argmax of Theta (at level ends) over the pool of `lag` plans ago, so it
+    is known before this step's tokens exist (and may cross SPS cliffs); this step takes its first K open nodes. Until
     `lag` plans have been seen it falls back to the early stop (also lossless)."""
 
     def __init__(self, knobs: Knobs, table: StepCostTable | None, lag: int = LAG_STEPS):
@@ -256,9 +283,10 @@ class LaggedScheduler(BudgetScheduler):
 
     def budget(self, pool: Pool) -> int:
         if len(self.history) == self.history.maxlen:
-            k = global_budget(throughput(self.history[0], self.cost_table))
+            old = self.history[0]
+            k = level_budget(old, throughput(old, self.cost_table), global_budget)
         else:
-            k = early_stop_budget(throughput(pool, self.cost_table))
+            k = level_budget(pool, throughput(pool, self.cost_table), early_stop_budget)
         self.history.append(pool)
         return k
 

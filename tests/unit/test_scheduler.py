@@ -12,13 +12,13 @@ from sgl_dspark.config import SCHEDULER_MODES, load_config
 from sgl_dspark.cost import StepCostTable
 from sgl_dspark.scheduler import (SCHEDULERS, BudgetScheduler, Knobs, LaggedScheduler, PlanInput,
                                   PrefixScheduler, StepResult, VerifyAll, candidates, early_stop_budget,
-                                  global_budget, make_pool, make_scheduler, padded_tokens, path_products,
-                                  rank_within_request, throughput)
+                                  global_budget, level_ends, level_sequence, make_pool, make_scheduler,
+                                  padded_tokens, path_products, rank_within_request, throughput)
 from sgl_dspark.tree import DraftTree, depths, survival
 
 KNOBS = Knobs(min_verify=0, max_verify=None, latency_target_s=None, refit_alpha=0.0)
-# B -> seconds; Theta for the two-request batch below (rows padded to the widest request, B = 2, 4, 6, 6, 6, 8):
-# [2.0, 2.636, 2.413, 2.747, 2.913, 1.806]
+# B -> seconds; Theta for the two-request batch below, its open nodes in level order (.9 .5 | .72 .25 | .144; rows
+# padded to the widest request, B = 2, 4, 4, 6, 6, 8): [2.0, 2.636, 3.091, 2.747, 2.913, 1.806]
 TABLE = StepCostTable((2, 3, 4, 5, 6, 7), (1.0, 1.0, 1.1, 1.2, 1.5, 2.0))
 
 
@@ -51,6 +51,8 @@ def test_rank_within_request_and_budgets():
     assert early_stop_budget(torch.tensor([1.0, 2.0, 3.0])) == 2
     assert early_stop_budget(torch.tensor([1.0, 1.0])) == 0  # an equal Theta is not a raise
     assert global_budget(torch.tensor([2.0, 1.0, 9.0, 9.0])) == 2
+    assert level_ends(torch.tensor([1, 1, 2, 3, 3])).tolist() == [0, 2, 3, 5]
+    assert level_ends(torch.zeros(0, dtype=torch.long)).tolist() == [0]
 
 
 def test_candidates_are_in_survival_order():
@@ -58,30 +60,44 @@ def test_candidates_are_in_survival_order():
     assert c.request.tolist() == [0, 0, 1, 1, 0]
     assert c.node.tolist() == [1, 2, 1, 2, 3]
     assert c.rank.tolist() == [0, 1, 0, 1, 2]
+    assert level_sequence(c, torch.ones(5, dtype=torch.bool)).tolist() == [0, 2, 1, 3, 4]
+    assert level_sequence(c, torch.tensor([True, True, False, True, True])).tolist() == [0, 1, 3, 4]
 
 
 def test_prefix_two_requests_literal():
     plan = PrefixScheduler(KNOBS, TABLE).plan(TWO)
-    assert selected(plan) == [[0, 1], [0]]
-    assert plan.verify_lengths.tolist() == [1, 0]  # the second node of request 0 widens the batch: it does not pay
-    assert plan.batch_tokens == 4 and plan.expected_accepts == pytest.approx(2 + 0.9)
+    assert selected(plan) == [[0, 1], [0, 1]]  # request 1's first node rides free in the width request 0 pays for
+    assert plan.verify_lengths.tolist() == [1, 1]  # the second level widens the batch: it does not pay
+    assert plan.batch_tokens == 4 and plan.expected_accepts == pytest.approx(2 + 0.9 + 0.5)
+
+
+def test_level_stop_admits_what_a_node_by_node_stop_misses():
+    """Four requests, B = 4 (1 + width): the first node widens the batch to 8 rows for +.6, which alone lowers
+    Theta (4.6 / 1.4 < 4 / 1.2), while the whole level gains 2.4 for the same rows (6.4 / 1.4)."""
+    table = StepCostTable((4, 8, 12), (1.2, 1.4, 2.4))
+    batch = PlanInput(tuple(chain(0.6, 0.5) for _ in range(4)))
+    plan = PrefixScheduler(KNOBS, table).plan(batch)
+    assert plan.verify_lengths.tolist() == [1, 1, 1, 1] and plan.batch_tokens == 8  # level 2: 7.6 / 2.4, stop
 
 
 def test_throughput_curve_literal():
     c = candidates(TWO.trees)
     everything = torch.ones(5, dtype=torch.bool)
-    theta = throughput(make_pool(c, ~everything, everything, TWO), TABLE)
-    assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.636, 2.413, 2.747, 2.913, 1.806]
+    pool = make_pool(c, ~everything, level_sequence(c, everything), TWO)
+    theta = throughput(pool, TABLE)
+    assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.636, 3.091, 2.747, 2.913, 1.806]
+    assert pool.level_ends.tolist() == [0, 2, 4, 5]
 
 
 def test_padded_tokens_price_the_widest_request():
     two = PlanInput((chain(0.9, 0.8), chain(0.5)))
     c = candidates(two.trees)  # admission order: request 0, request 0, request 1
     everything = torch.ones(3, dtype=torch.bool)
-    assert padded_tokens(c, ~everything, everything, 0).tolist() == [2, 4, 6, 6]
+    assert padded_tokens(c, ~everything, torch.arange(3), 0).tolist() == [2, 4, 6, 6]
+    assert padded_tokens(c, ~everything, torch.tensor([0, 2, 1]), 0).tolist() == [2, 4, 4, 6]
     forced = torch.tensor([False, False, True])  # request 1's node forced in: width 1 from the start
-    assert padded_tokens(c, forced, ~forced, 3).tolist() == [7, 7, 9]
-    assert padded_tokens(candidates(()), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
+    assert padded_tokens(c, forced, torch.arange(2), 3).tolist() == [7, 7, 9]
+    assert padded_tokens(candidates(()), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long),
                          0).tolist() == [0]
 
 
@@ -91,10 +107,10 @@ def test_whole_step_overhead_prices_the_budget():
     c = candidates(TWO.trees)
     everything = torch.ones(5, dtype=torch.bool)
     fixed = dataclasses.replace(TWO, overhead_s=1.0)
-    theta = throughput(make_pool(c, ~everything, everything, fixed), TABLE)
-    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.381, 1.448, 1.648, 1.748, 1.29]
-    per_token = dataclasses.replace(TWO, overhead_per_token_s=1.0)
-    assert PrefixScheduler(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [1, 0]
+    theta = throughput(make_pool(c, ~everything, level_sequence(c, everything), fixed), TABLE)
+    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.381, 1.619, 1.648, 1.748, 1.29]
+    per_token = dataclasses.replace(TWO, overhead_per_token_s=1.2)  # level 1: 3.4 / (1.1 + 4.8) < 2 / (1 + 2.4)
+    assert PrefixScheduler(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [1, 1]
     assert PrefixScheduler(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [0, 0]
 
 
@@ -193,7 +209,7 @@ def test_latency_target_shrinks_the_batch():
 def test_extra_tokens_count_in_the_batch():
     plan = PrefixScheduler(KNOBS, TABLE).plan(PlanInput(TWO.trees, extra_tokens=2))
     assert plan.batch_tokens == 2 + 2 * (1 + int(plan.verify_lengths.max()))
-    assert selected(plan) == [[0, 1], [0]]  # B starts at 4: Theta 2/1.1, 2.9/1.5, 3.62/2.0 (padded) -> stop
+    assert selected(plan) == [[0, 1], [0, 1]]  # B starts at 4: Theta 2/1.1, 3.4/1.5, 4.37/2.5 (padded) -> stop
 
 
 def test_empty_batch_and_zero_survival():
@@ -294,3 +310,32 @@ def test_early_stop_and_lagged_are_lossless_on_random_cases():
         for _ in range(2):
             warm.plan(PlanInput((chain(rng.random(), rng.random()),)))
         assert close(output_law(lambda: copy.deepcopy(warm), c2), P_TARGET)
+
+
+def batch_output_law(scheduler_for_draft, c1: tuple[float, float], c2_after: dict[str, float]) -> dict:
+    """Two requests drafting independently (x1 ~ P_DRAFT each, c2 after x1 as above, first confidences c1):
+    the joint law of their first committed tokens, enumerated."""
+    law: dict[tuple[str, str], float] = {}
+    for (xa, qa), (xb, qb) in ((a, b) for a in P_DRAFT.items() for b in P_DRAFT.items()):
+        trees = (chain(c1[0], c2_after[xa]), chain(c1[1], c2_after[xb]))
+        verify = scheduler_for_draft().plan(PlanInput(trees)).verify_lengths.tolist()
+        for ya, pa in first_token_distribution(verify[0] >= 1, xa).items():
+            for yb, pb in first_token_distribution(verify[1] >= 1, xb).items():
+                law[ya, yb] = law.get((ya, yb), 0.0) + qa * qb * pa * pb
+    return law
+
+
+def test_level_stop_is_lossless_across_requests():
+    """The level stop lets a request's node ride on another's widening; the joint law of both requests' first
+    tokens is still the target's, on random step costs (B = 2, 4, 6) and confidences that follow the token."""
+    rng = random.Random(2)
+    want = {(a, b): P_TARGET[a] * P_TARGET[b] for a in P_TARGET for b in P_TARGET}
+    admitted = 0
+    for _ in range(100):
+        table = StepCostTable((2, 4, 6), tuple(sorted(rng.uniform(0.5, 3.0) for _ in range(3))))
+        c1 = (rng.random(), rng.random())
+        c2 = {"A": rng.choice([0.0, 1.0, rng.random()]), "B": rng.choice([0.0, rng.random()])}
+        law = batch_output_law(lambda: PrefixScheduler(KNOBS, table), c1, c2)
+        assert all(abs(law[k] - want[k]) < 1e-9 for k in want)
+        admitted += int(PrefixScheduler(KNOBS, table).plan(PlanInput((chain(*c1), chain(*c1)))).verify_lengths.sum())
+    assert admitted > 0  # the cases are not all "verify nothing"
