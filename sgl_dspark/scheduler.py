@@ -2,7 +2,8 @@
 
 Owns the scheduler protocol (`plan`, `observe`) and its modes, chosen once by `make_scheduler`: "prefix"
 (Algorithm 1 with its early stop, taken a width level at a time: the verify batch pads every request to the widest,
-so the node that widens it costs a row per request and the other requests' nodes at that width ride free), "lagged" (5.2: a global-argmax budget from confidences two steps old) and
+so the node that widens it costs a row per request and the other requests' nodes at that width ride free),
+"lagged" (5.2: a global-argmax budget from confidences two steps old) and
 "off" (verify all drafted). Pure torch on CPU; must not draft, verify, calibrate or import SGLang. Every mode
 is non-anticipating: whether a node is verified never depends on that node's own token (paper appendix A).
 """
