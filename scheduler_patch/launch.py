@@ -38,7 +38,7 @@ class DSparkLaunch:
            cost_table: StepCostTable | None = None) -> "DSparkLaunch":
         """The record from what was read; the verify width is computed here, once (DSparkConfig.verify_nodes).
         ValueError if the knobs do not fit the drafter's gamma."""
-        lookup = config.lookup_knobs() if config.lookup else None
+        lookup = config.lookup_knobs() if config.lookup and config.drafts else None  # max_verify 0: none verified
         return cls(config, drafter_path, drafter, config.draft_knobs(*calibration), lookup,
                    config.verify_nodes(drafter.gamma), cost_table, attention_backend)
 

@@ -53,20 +53,26 @@ def gumbel_argmax(logprobs: torch.Tensor, seed: torch.Tensor, positions: torch.T
     return (g + logprobs.double()).argmax(dim=1)
 
 
-def seeded_choices(logits: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor) -> torch.Tensor:
+def seeded_choices(logits: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor,
+                   sorted_columns: bool | None = None) -> torch.Tensor:
     """logits [n, V] of one request's rows at positions [n] -> [n] the token SGLang's seeded sampler draws at each
     (temperature, then top-k/top-p on the descending sort, in its column layout). min_p is refused with a seed
     (SGLang's seeded sampler has no min-p path either)."""
-    return seeded_from_probs(torch.softmax(logits.float() / params.temperature, dim=-1), params, seed, positions)
+    probs = torch.softmax(logits.float() / torch.tensor(params.temperature, dtype=torch.float32), dim=-1)
+    return seeded_from_probs(probs, params, seed, positions, sorted_columns)
 
 
-def seeded_from_probs(probs: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor) -> torch.Tensor:
+def seeded_from_probs(probs: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor,
+                      sorted_columns: bool | None = None) -> torch.Tensor:
     """As seeded_choices, from the temperature-scaled probabilities [n, V] (what SGLang's sampler leaves in a
-    prefill's logits tensor, in place)."""
+    prefill's logits tensor, in place). sorted_columns: the batch takes SGLang's sorting path (some request in it
+    has top-k/top-p/min-p or is greedy: SamplerBatch.filtered), so columns are ranks; None: this request alone."""
     n, vocab = probs.shape
     probs = probs.float()
     seeds = torch.full((n,), seed, dtype=torch.long)
-    if (params.top_k <= 0 or params.top_k >= vocab) and params.top_p >= 1.0:
+    if sorted_columns is None:
+        sorted_columns = not ((params.top_k <= 0 or params.top_k >= vocab) and params.top_p >= 1.0)
+    if not sorted_columns:
         return gumbel_argmax(probs.log(), seeds, positions)
     sorted_p, index = probs.sort(dim=-1, descending=True)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p

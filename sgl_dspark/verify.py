@@ -34,12 +34,8 @@ from typing import Protocol
 
 import torch
 
-from sgl_dspark.sampling import SamplingParams, target_probs
+from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.tree import DraftTree
-
-# Residual mass below this means p == q up to float noise: rejection had probability 0 in exact arithmetic.
-RESIDUAL_EPS = 1e-6
-
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -69,6 +65,7 @@ class VerifyInput:
     target_logits: torch.Tensor  # [n, V]: row i is the target's next-token logits after node i
     params: SamplingParams
     choices: torch.Tensor | None = None  # [n] the target's token after each node, fixed beforehand (seeded)
+    batch: SamplerBatch | None = None  # the step's batch as SGLang's sampler sees it (tie order); None: alone
 
 
 @dataclass(frozen=True)
@@ -109,26 +106,29 @@ def as_draws(source: "Draws | torch.Generator | None") -> Draws:
 
 
 def verify(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams,
-           generator: "Draws | torch.Generator | None" = None, choices: torch.Tensor | None = None) -> VerifyResult:
-    """tree with n nodes, target_logits [n, V] -> VerifyResult. Greedy params take the argmax path; `choices` [n]
-    (the target's token after each node, drawn without looking at the drafts) are matched like the argmax."""
+           generator: "Draws | torch.Generator | None" = None, choices: torch.Tensor | None = None,
+           batch: SamplerBatch | None = None) -> VerifyResult:
+    """tree with n nodes, target_logits [n, V] -> VerifyResult. Greedy params take the path of the token plain
+    decoding picks in `batch` (sgl_dspark.sampling); `choices` [n] (the target's token after each node, drawn
+    without looking at the drafts) are matched the same way. Sampled params draw from SGLang's distribution."""
     _check_logits(tree, target_logits)
     if choices is not None:
         return verify_choices(tree, choices)
     if params.is_greedy:
-        return verify_greedy(tree, target_logits)
-    return verify_sampling(tree, target_probs(target_logits, params), generator)
+        return verify_greedy(tree, target_logits, batch)
+    return verify_sampling(tree, target_probs(target_logits, params, batch), generator)
 
 
 def verify_batch(inputs: Sequence[VerifyInput],
                  generator: "Draws | torch.Generator | None" = None) -> list[VerifyResult]:
     """Verify every request of a step, in order, drawing from one generator."""
-    return [verify(x.tree, x.target_logits, x.params, generator, x.choices) for x in inputs]
+    return [verify(x.tree, x.target_logits, x.params, generator, x.choices, x.batch) for x in inputs]
 
 
-def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
-    """Accept the first child whose token is the target argmax at its parent; bonus = argmax at the last node."""
-    return verify_choices(tree, target_logits.argmax(-1))
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor, batch: SamplerBatch | None = None) -> VerifyResult:
+    """Accept the first child whose token is the target's greedy choice at its parent (the argmax in an all-greedy
+    batch); bonus = that choice at the last node."""
+    return verify_choices(tree, greedy_choices(target_logits, batch))
 
 
 def verify_choices(tree: DraftTree, choices: torch.Tensor) -> VerifyResult:
@@ -178,10 +178,13 @@ def kv_split(result: VerifyResult, tree_size: int) -> KvSplit:
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """p, q [V] -> normalize(max(0, p - q)); p itself when that has (numerically) no mass."""
+    """p, q [V] (float64, each summing to 1) -> normalize(max(0, p - q)); p itself only when that has no mass at all
+    (p == q up to float64 rounding, so the rejection that led here had probability ~1e-16). Any positive mass is
+    used as it is: a threshold would draw from p where the law needs the residual (p = (.5 + 4e-7, .5 - 4e-7),
+    q = (.5, .5) must give token 0 after a rejection, always)."""
     r = (p - q).clamp_min(0.0)
     mass = r.sum()
-    return p if mass <= RESIDUAL_EPS else r / mass
+    return r / mass if mass > 0 else p
 
 
 def children(parents: torch.Tensor) -> list[list[int]]:

@@ -19,6 +19,7 @@ from sgl_dspark.drafter import TargetSpec, TargetWeights
 from sgl_dspark.observe import WorkerMetrics
 from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter
 from sgl_dspark.scheduler import Scheduler, make_scheduler
+from sgl_dspark.streams import DRAFT, stream_seed
 
 from scheduler_patch.launch import DSparkLaunch
 from scheduler_patch.runtime.profiler import SavingScheduler, startup_table
@@ -45,8 +46,9 @@ class WorkerSetup:
     def config(self) -> DSparkConfig:
         return self.launch.config
 
-    def make_client(self, num_slots: int, seed: int) -> DraftClient:
-        """The drafter in SGLang's process (the default), or with draft_process=true in a worker process."""
+    def make_client(self, num_slots: int, random_seed: int) -> DraftClient:
+        """The drafter in SGLang's process (the default), or with draft_process=true in a worker process; either
+        draws from the drafter's own stream of --random-seed (sgl_dspark.streams), never the verifier's."""
         launch = self.launch
         if not self.config.draft_process:
             from sgl_dspark.draft_worker.local import GuardedDraftClient, LocalDraftClient
@@ -59,12 +61,13 @@ class WorkerSetup:
             drafter = load_drafter(launch.drafter_path, self.target, weights, dtype)
             if self.config.cpu_gemm == "onednn" and onednn_available():
                 pack_drafter(drafter)
-            return GuardedDraftClient(LocalDraftClient(drafter, launch.draft_knobs, num_slots, seed))
+            return GuardedDraftClient(LocalDraftClient(drafter, launch.draft_knobs, num_slots,
+                                                        stream_seed(random_seed, DRAFT)))
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
         gemm = self.config.cpu_gemm if onednn_available() else "native"  # the kernel only: same drafts
         return ProcessDraftClient(WorkerSettings(launch.drafter_path, self.target_path, self.target,
-                                                 launch.draft_knobs, num_slots, seed=seed,
+                                                 launch.draft_knobs, num_slots, seed=random_seed,
                                                  dtype=self.draft_dtype, gemm=gemm, drafter_config=launch.drafter))
 
     @property

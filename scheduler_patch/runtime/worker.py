@@ -25,10 +25,11 @@ from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
 from sgl_dspark.layout import AcceptRows, VerifyRows, accept_rows, kv_moves, pack_trees, verify_batch_of
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
-from sgl_dspark.sampling import SamplingParams
+from sgl_dspark.sampling import SamplerBatch, SamplingParams
 from sgl_dspark.scheduler import PlanInput
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.seeded import seeded_choices, seeded_from_probs
+from sgl_dspark.streams import VERIFY, stream
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, VerifyResult, verify_batch
@@ -43,6 +44,12 @@ logger = logging.getLogger(__name__)
 def request_sampling(req) -> SamplingParams:
     p = req.sampling_params
     return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
+
+
+def sampler_batch(info) -> SamplerBatch:
+    """SGLang's batch-wide sampling decisions for this batch (they decide how tied logits break)."""
+    filtered = info.need_top_p_sampling or info.need_top_k_sampling or info.need_min_p_sampling
+    return SamplerBatch(bool(info.is_all_greedy), bool(filtered), info.max_top_k)
 
 
 def request_penalties(req) -> Penalties:
@@ -105,7 +112,7 @@ class DSparkWorker(BaseSpecWorker):
         self.lookup = None if self.launch.lookup is None else LookupRegistry(self.launch.lookup)
         self.metrics = worker_metrics(server_args)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
-        self.generator = torch.Generator().manual_seed(int(server_args.random_seed or 0))
+        self.generator = stream(int(server_args.random_seed or 0), VERIFY)  # the verifier's own stream
         self.vocab = int(self.model_runner.model_config.vocab_size)
         self.full_mask = self.device != "cpu"
         self.gate = Gate(initial_costs(prior_cost_table()), self.setup.config.gate_margin) \
@@ -171,7 +178,8 @@ class DSparkWorker(BaseSpecWorker):
             row = out.next_token_logits[b:b + 1].float().cpu()
             if not (bool((row >= 0).all()) and abs(float(row.sum()) - 1.0) < 1e-3):
                 row = torch.softmax(row / params.temperature, dim=-1)
-            token = seeded_from_probs(row, params, int(seed), torch.tensor([int(batch.seq_lens[b]) - 1]))
+            token = seeded_from_probs(row, params, int(seed), torch.tensor([int(batch.seq_lens[b]) - 1]),
+                                      sampler_batch(batch.sampling_info).filtered)
             result.next_token_ids[b] = token.to(result.next_token_ids.device)[0]
             if batch.return_logprob and out.next_token_logprobs is not None:  # SGLang's: log of that row
                 out.next_token_logprobs[b] = torch.log(row[0, token[0]])
@@ -381,13 +389,14 @@ class DSparkWorker(BaseSpecWorker):
         width = step.rows.width
         logits = logits.float().cpu().view(len(batch.reqs), width, -1)
         positions = step.rows.positions.view(len(batch.reqs), width)
+        sampler = sampler_batch(batch.sampling_info)
         inputs = []
         for b, (g, req) in enumerate(zip(step.trees, batch.reqs)):
             params, seed, n = request_sampling(req), req.sampling_params.sampling_seed, g.tree.size
             choices = None
             if seed is not None and not params.is_greedy:
-                choices = seeded_choices(logits[b, :n], params, int(seed), positions[b, :n])
-            inputs.append(VerifyInput(g.tree, logits[b, :n], params, choices))
+                choices = seeded_choices(logits[b, :n], params, int(seed), positions[b, :n], sampler.filtered)
+            inputs.append(VerifyInput(g.tree, logits[b, :n], params, choices, sampler))
         return verify_batch(inputs, self.generator)
 
     @staticmethod

@@ -38,6 +38,7 @@ class SlotContextStore:
 
 class LocalDraftClient:
     def __init__(self, drafter: DSparkDrafter, knobs: DraftKnobs, num_slots: int, seed: int = 0) -> None:
+        """seed: the drafter's stream seed (sgl_dspark.streams.stream_seed(--random-seed, DRAFT, start))."""
         self.store = SlotContextStore(drafter, num_slots)
         self.proposer = Proposer(drafter, knobs)
         self.generator = torch.Generator().manual_seed(seed)

@@ -33,7 +33,7 @@ class Init(_Message):
     target: TargetSpec
     knobs: DraftKnobs
     num_slots: int  # target KV slots; the context store keeps one row per slot
-    seed: int  # seeds the sampling generator, as LocalDraftClient(seed=...)
+    seed: int  # the drafter's stream seed (sgl_dspark.streams), as LocalDraftClient(seed=...)
     dtype: str  # drafter dtype, e.g. "float32"
     torch_threads: int
     arenas: tuple[str, ...]  # request and reply arena paths (unlinked by the worker only if orphaned)

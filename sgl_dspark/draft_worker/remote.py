@@ -26,6 +26,7 @@ from sgl_dspark.draft_worker.shm import ALIGN, DEFAULT_DIR, DTYPES, GrowingArena
 from sgl_dspark.drafter.checkpoint import read_drafter_config
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec
 from sgl_dspark.drafter.knobs import DraftKnobs
+from sgl_dspark.streams import DRAFT, stream_seed
 from sgl_dspark.tree import DraftTree
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class WorkerSettings:
     knobs: DraftKnobs
     num_slots: int  # target KV slots
     run_dir: str | None = None  # ipc sockets live here (<= 107-byte socket paths); None: a fresh temporary one
-    seed: int = 0
+    seed: int = 0  # --random-seed; each start's drafter stream derives from it (sgl_dspark.streams)
     dtype: str = "float32"  # drafter dtype in the worker
     torch_threads: int = 1
     gemm: str = "native"  # "onednn": pack the drafter's linear layers (sgl_dspark.packed_gemm)
@@ -157,6 +158,7 @@ class ProcessDraftClient:
         self._owns_run_dir = settings.run_dir is None
         self.ledger = SlotLedger(settings.num_slots)
         self._generation, self._failures, self._drafted = 0, 0, 0
+        self._starts = 0  # worker processes started: each draws from a stream of its own
         self.ahead_hits = 0
         self._lock, self._closing = threading.Lock(), threading.Event()
         self._pending: WorkerHandle | None = None
@@ -297,8 +299,10 @@ class ProcessDraftClient:
     # ---- supervision -----------------------------------------------------------------------------------------
 
     def _start(self) -> WorkerHandle:
-        s = self.settings
-        init = Init(s.drafter_path, s.target_path, s.target, s.knobs, s.num_slots, s.seed, s.dtype, s.torch_threads,
+        s, start = self.settings, self._starts
+        self._starts += 1
+        seed = stream_seed(s.seed, DRAFT, start)
+        init = Init(s.drafter_path, s.target_path, s.target, s.knobs, s.num_slots, seed, s.dtype, s.torch_threads,
                     (self.requests.path, self.replies.path), arena_prefix(s.shm_dir), s.gemm)
         return WorkerHandle.start(self.run_dir, init, s.start_timeout_s, self._closing)
 

@@ -30,6 +30,7 @@ from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings, a
 from sgl_dspark.drafter import DraftKnobs, TargetSpec, load_drafter, save_drafter
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.sampling import SamplingParams
+from sgl_dspark.streams import DRAFT, stream_seed
 
 KNOBS = DraftKnobs(tree_width=2, branch_threshold=0.6)
 NUM_SLOTS = 64
@@ -73,10 +74,11 @@ def settings(folders, run_dir, **overrides):
     return WorkerSettings(**(fields | overrides))
 
 
-def local_client(folders):
+def local_client(folders, start=0):
+    """The in-process engine drawing from the stream the worker's `start`-th process draws from."""
     drafter_path, target_path, spec = folders
     drafter = load_drafter(drafter_path, spec, load_target_weights(target_path))
-    return LocalDraftClient(drafter, KNOBS, NUM_SLOTS, SEED)
+    return LocalDraftClient(drafter, KNOBS, NUM_SLOTS, stream_seed(SEED, DRAFT, start))
 
 
 def context(lengths=(5, 3, 7), seed=0):
@@ -249,7 +251,7 @@ def test_killed_worker_fails_fast_restarts_and_drafts_again_after_rewrite(folder
     client.write_context(updates[1])  # rewrite one (greedy: no draw from the reseeded generator)
     assert client.stale_requests(b) == [0, 2]
     assert [t.size > 1 for t in client.propose(b)] == [False, True, False]
-    local = local_client(folders)
+    local = local_client(folders, start=1)  # the restarted process draws from a stream of its own
     for u in updates:
         local.write_context(u)
         client.write_context(u)
