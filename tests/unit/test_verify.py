@@ -184,3 +184,18 @@ def test_choices_are_matched_like_the_argmax():
     t = tree([4, 1, 2, 5], [-1, 0, 0, 2])
     r = verify(t, torch.zeros(4, V), SamplingParams(temperature=1.0), choices=torch.tensor([2, 0, 5, 3]))
     assert r.emitted_tokens.tolist() == [2, 5, 3]
+
+
+def test_residual_of_a_tiny_difference_is_exact():
+    """The issue's case: p = (.5 + 4e-7, .5 - 4e-7), q = (.5, .5). After a rejection the bonus must be token 0
+    (a mass threshold drew it from p instead); the first token's exact law equals p within 1e-12."""
+    p = torch.tensor([0.5 + 4e-7, 0.5 - 4e-7], dtype=torch.float64)
+    q = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert torch.equal(residual(p, q), torch.tensor([1.0, 0.0], dtype=torch.float64))
+    law = [0.0, 0.0]
+    for x in (0, 1):  # the drafted token, drawn from q; then accepted w.p. min(1, p/q), else the residual's token
+        accept = min(1.0, float(p[x] / q[x]))
+        law[x] += float(q[x]) * accept
+        for y, r in enumerate(residual(p, q).tolist()):
+            law[y] += float(q[x]) * (1 - accept) * r
+    assert law == pytest.approx(p.tolist(), abs=1e-12)
