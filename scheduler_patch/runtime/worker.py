@@ -7,7 +7,6 @@ lossless acceptance, logprobs) -> commit (keep the accepted path's KV, feed the 
 """
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -16,23 +15,21 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks,
-                                   scaling_rows)
-from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftClient, DraftWorkerUnavailable
+from sgl_dspark.constraints import Penalties
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
-from sgl_dspark.gate import Decision, Gate, GatedStep, initial_costs
-from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.layout import AcceptRows, VerifyRows, accept_rows, kv_moves, pack_trees, verify_batch_of
+from sgl_dspark.gate import Gate, GatedStep, initial_costs
+from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, verify_batch_of
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
-from sgl_dspark.scheduler import PlanInput
 from sgl_dspark.scheduler import StepResult
-from sgl_dspark.seeded import seeded_choices, seeded_from_probs
+from sgl_dspark.seeded import seeded_from_probs
+from sgl_dspark.step import (DecodeStep, StepParts, StepRequest, accept, constrain, draft_and_plan, draft_batch,
+                             learn_lookup)
 from sgl_dspark.streams import VERIFY, stream
 from sgl_dspark.trace import TraceWriter, step_trace
-from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import VerifyInput, VerifyResult, verify_batch
+from sgl_dspark.verify import VerifyResult
 
 from scheduler_patch.launch import launch_of
 from scheduler_patch.runtime.setup import WorkerSetup, build_setup, prior_cost_table, start_cost_table, worker_metrics
@@ -77,24 +74,6 @@ def refuse_unsupported(reqs) -> None:
             req.to_finish = FINISH_ABORT(reason, HTTPStatus.BAD_REQUEST, "BadRequestError")
 
 
-def root_only(anchor: int, sampling: SamplingParams, vocab: int) -> DraftTree:
-    """The block of a request that drafts nothing this step (plain decoding through the verify path); a sampled
-    one carries its (unused) draft-probability row, so lookup nodes can still be grafted onto it."""
-    probs = None if sampling.is_greedy else torch.zeros(1, vocab)
-    return DraftTree.chain(torch.tensor([anchor]), torch.ones(1), probs)
-
-
-@dataclass
-class DecodeStep:
-    """What one decode step carries from drafting to commit."""
-
-    trees: list[Grafted]  # selected (scheduled) blocks, one per request, with each node's provenance
-    drafted: list[int]  # draft length per request before scheduling
-    speculated: list[bool]  # per request: the gate let it draft this step
-    rows: VerifyRows
-    seq_lens: list[int]
-
-
 class DSparkWorker(BaseSpecWorker):
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
         super().__init__()
@@ -108,6 +87,7 @@ class DSparkWorker(BaseSpecWorker):
         self.stride = self.launch.verify_tokens  # padded row width of the flattened output
         self.speculative_num_draft_tokens = self.stride
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
+        self.parts: StepParts | None = None  # the step's collaborators (sgl_dspark.step), with the client
         self.scheduler = self.setup.scheduler
         self.lookup = None if self.launch.lookup is None else LookupRegistry(self.launch.lookup)
         self.metrics = worker_metrics(server_args)
@@ -127,6 +107,8 @@ class DSparkWorker(BaseSpecWorker):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
         kv = self.token_to_kv_pool_allocator.get_kvcache()
         self.client = self.setup.make_client(kv.size + kv.page_size, int(self.server_args.random_seed or 0))
+        self.parts = StepParts(self.setup.config, self.client, self.scheduler, self.lookup, self.gate, self.vocab,
+                               self.stride, self.draft_failed)
 
     def init_cuda_graphs(self):
         """SGLang's last start-up step (the KV pools and attention backends exist): profile the step-cost table."""
@@ -199,17 +181,18 @@ class DSparkWorker(BaseSpecWorker):
 
     def decode(self, batch, on_publish):
         clock, hits = StepClock(), self.client.ahead_hits
-        step = self.draft_and_plan(batch)  # draft -> plan -> pack
+        reqs = self.step_requests(batch)
+        step = draft_and_plan(self.parts, reqs)  # draft -> plan -> pack
         clock.mark_drafted()
         with verifying(batch, verify_batch_of(step.rows, step.seq_lens, self.full_mask),
                        self.req_to_token_pool.req_to_token, self.device):  # a verify batch in here only
             out = self.target_worker.forward_batch_generation(batch, is_verify=True)  # verify: the target's forward
             clock.mark_verified()
-            results, accepted = self.accept(batch, step, out.logits_output)
+            results, accepted = self.accept_and_logprobs(batch, reqs, step, out.logits_output)
             new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
         if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
-            self.draft_ahead(batch, new_seq_lens, accepted)
-        self.learn_lookup(batch, step, results)
+            self.draft_ahead(reqs, new_seq_lens, accepted)
+        self.metrics.lookup_tokens += learn_lookup(self.parts.lookup, step, reqs, results)
         self.trace(batch, step, results)
         out.logits_output.hidden_states = None
         if on_publish is not None:
@@ -217,11 +200,22 @@ class DSparkWorker(BaseSpecWorker):
         self.observe(batch, step, accepted, clock, hits)
         return self.step_result(step, out.logits_output, accepted, new_seq_lens)
 
-    def accept(self, batch, step: DecodeStep, logits_output) -> tuple[list[VerifyResult], AcceptRows]:
+    def step_requests(self, batch) -> list[StepRequest]:
+        """The batch's requests as the step sees them (sgl_dspark.step)."""
+        req_to_token = self.req_to_token_pool.req_to_token  # each request's row, a view
+        return [StepRequest(req.rid, req.origin_input_ids, req.output_ids, n, req_to_token[i], request_sampling(req),
+                            req.sampling_params.sampling_seed, request_penalties(req), req.sampling_params.logit_bias,
+                            req.grammar, bool(req.custom_logit_processor))
+                for req, i, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist())]
+
+    def accept_and_logprobs(self, batch, reqs: list[StepRequest], step: DecodeStep,
+                            logits_output) -> tuple[list[VerifyResult], AcceptRows]:
         """Plain decoding's transforms on the verify logits first (acceptance and logprobs both see them), then
         lossless acceptance, then the emitted tokens' logprobs."""
-        self.constrain(batch, step, logits_output.next_token_logits)
-        results = self.verify(batch, step, logits_output.next_token_logits)
+        logits = logits_output.next_token_logits
+        constrain(step, reqs, logits, self.vocab)
+        self.custom_logits(batch, step, logits)
+        results = accept(step, reqs, logits, sampler_batch(batch.sampling_info), self.generator)
         accepted = accept_rows(results, step.rows.width, self.stride)
         if batch.return_logprob:
             self.logprobs(batch, logits_output, accepted, step.rows.width)
@@ -256,148 +250,30 @@ class DSparkWorker(BaseSpecWorker):
             next_draft_input=self.relay(new_seq_lens, accepted.tokens, accepted.accept_lens),
             can_run_cuda_graph=False, speculative_num_draft_tokens=self.stride)
 
-    def draft_and_plan(self, batch) -> DecodeStep:
-        seq_lens = batch.seq_lens.cpu().tolist()
-        anchors = [int(req.output_ids[-1]) for req in batch.reqs]
-        speculate = self.speculating(batch)
-        if not self.setup.config.drafts:  # max_verify 0: the verify path with the anchor alone
-            blocks = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
-        else:
-            blocks = self.with_lookup(batch, self.draft(batch, seq_lens, anchors, speculate))
-        blocks = self.unspeculated(batch, blocks, anchors)
-        plan = self.scheduler.plan(self.plan_input(blocks, sum(speculate)))
-        selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
-        widest = max(g.tree.size for g in selected)
-        if widest > self.stride:  # never write past the KV SGLang reserved (launch.verify_tokens per request)
-            logger.error("sgl-dspark: a block of %d rows exceeds the reserved verify width %d; this step verifies "
-                         "no drafts", widest, self.stride)
-            selected = [Grafted.plain(t) for t in self.no_drafts(batch, anchors)]
-        rows = pack_trees([g.tree for g in selected], seq_lens)
-        return DecodeStep(selected, [g.tree.size - 1 for g in blocks], speculate, rows, seq_lens)
-
-    def speculating(self, batch) -> list[bool]:
-        """Per request: does it draft this step (the gate's choice; none without drafts, all without the gate)."""
-        if not self.setup.config.drafts:
-            return [False] * len(batch.reqs)
-        table = getattr(self.scheduler, "cost_table", None)
-        if self.gate is None or table is None:
-            return [not req.custom_logit_processor for req in batch.reqs]
-        decision: Decision = self.gate.decide([req.rid for req in batch.reqs], table)
-        return [bool(s) and not req.custom_logit_processor for s, req in zip(decision.speculate, batch.reqs)]
-
-    def plan_input(self, blocks: list[Grafted], drafted: int) -> PlanInput:
-        """The scheduler prices the verify budget with the whole step: what drafting took and the gate's model of
-        the rest (acceptance, commit, SGLang's share)."""
-        trees = tuple(g.tree for g in blocks)
-        if self.gate is None:
-            return PlanInput(trees)
-        overhead_s, per_token_s = self.gate.costs.besides_verify(drafted, len(blocks))
-        return PlanInput(trees, overhead_s=overhead_s, overhead_per_token_s=per_token_s)
-
-    def no_drafts(self, batch, anchors: list[int]) -> list[DraftTree]:
-        return [root_only(a, request_sampling(req), self.vocab) for a, req in zip(anchors, batch.reqs)]
-
-    def unspeculated(self, batch, blocks: list[Grafted], anchors: list[int]) -> list[Grafted]:
-        """A request with a custom logit processor verifies its anchor alone: the processor sees the one row plain
-        decoding gives it (its state, custom_params' __req__, describes that row only)."""
-        return [Grafted.plain(root_only(a, request_sampling(req), self.vocab)) if req.custom_logit_processor else g
-                for g, a, req in zip(blocks, anchors, batch.reqs)]
-
-    def with_lookup(self, batch, trees: list[DraftTree]) -> list[Grafted]:
-        """Graft the request's own-context lookup chains onto its tree (lookup knob): onto the drafter's, or onto the
-        anchor alone where the gate held drafting back (lookup costs no drafter call; the scheduler prices its
-        verification like any draft node's)."""
-        if self.lookup is None:
-            return [Grafted.plain(t) for t in trees]
-        entries = [self.lookup.sync(req.rid, req.origin_input_ids, req.output_ids) for req in batch.reqs]
-        self.lookup.retain(req.rid for req in batch.reqs)
-        return [graft(t, e.index.propose(), e.stats, self.lookup.knobs.max_nodes) for t, e in zip(trees, entries)]
-
-    def learn_lookup(self, batch, step: DecodeStep, results) -> None:
-        if self.lookup is None:
-            return
-        for g, result, req in zip(step.trees, results, batch.reqs):
-            self.lookup.entries[req.rid].stats.observe(outcome(g, result))
-        self.metrics.lookup_tokens += sum(lookup_accepted(g, r) for g, r in zip(step.trees, results))
-
-    def draft_batch(self, batch, seq_lens: list[int], anchors: list[int]) -> DraftBatch:
-        req_to_token = self.req_to_token_pool.req_to_token
-        pool_idx = batch.req_pool_indices.cpu().tolist()
-        return DraftBatch(
-            context_slots=tuple(req_to_token[i, :n].cpu().long() for i, n in zip(pool_idx, seq_lens)),
-            anchors=torch.tensor(anchors, dtype=torch.long),
-            anchor_positions=torch.tensor(seq_lens, dtype=torch.long),
-            sampling=tuple(request_sampling(req) for req in batch.reqs))
-
-    def draft(self, batch, seq_lens: list[int], anchors: list[int], speculate: list[bool]) -> list[DraftTree]:
-        """The drafter's blocks for the speculating requests (one call), the anchor alone for the others."""
-        trees = self.no_drafts(batch, anchors)
-        rows = [i for i, s in enumerate(speculate) if s]
-        if not rows:
-            return trees
-        try:
-            drafted = self.client.propose(self.draft_batch(batch, seq_lens, anchors).select(rows))
-        except DraftWorkerUnavailable as exc:
-            self.draft_failed(exc)
-            return trees
-        for i, tree in zip(rows, drafted):
-            trees[i] = tree
-        return trees
-
     def draft_failed(self, exc: DraftWorkerUnavailable) -> None:
         """Counted per cause on /metrics and logged once per cause and log window (sgl_dspark.observe)."""
         self.metrics.draft_worker_failed(exc.cause, str(exc))
 
-    def draft_ahead(self, batch, new_seq_lens: torch.Tensor, accepted) -> None:
+    def draft_ahead(self, reqs: list[StepRequest], new_seq_lens: torch.Tensor, accepted) -> None:
         """The next step's drafting starts now, on the draft worker's core, while this process finishes the step
         (the request set may change before then: the worker keeps only drafts whose request key still matches)."""
         lens = accepted.accept_lens.long()
         anchors = accepted.tokens[torch.arange(lens.shape[0]), lens - 1].tolist()  # each request's bonus token
         try:
-            self.client.draft_ahead(self.draft_batch(batch, new_seq_lens.cpu().tolist(), anchors))
+            self.client.draft_ahead(draft_batch(reqs, new_seq_lens.cpu().tolist(), anchors))
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 
-    def constrain(self, batch, step: DecodeStep, logits: torch.Tensor) -> None:
-        """Plain decoding's logit transforms (penalties, grammar mask, logit bias, custom logit processor) on every
-        verify row as if its path had been generated (sgl_dspark.constraints), in place, so acceptance and logprobs
-        both see them."""
-        width = step.rows.width
-        for b, (g, req) in enumerate(zip(step.trees, batch.reqs)):
-            rows = logits[b * width:b * width + g.tree.size]
-            penalties, bias = request_penalties(req), bias_row(req.sampling_params.logit_bias, self.vocab)
-            if penalties.active:
-                counts = PathCounts.of(g.tree, req.output_ids, self.vocab)
-                if penalties.additive:
-                    rows += additive_rows(penalties, counts).to(rows.device)
-                if penalties.scaling:
-                    apply_scaling(rows, scaling_rows(penalties, counts).to(rows.device))
-            if req.grammar is not None:
-                masks = req.grammar.allocate_vocab_mask(vocab_size=self.vocab, batch_size=g.tree.size, device="cpu")
-                grammar_masks(req.grammar, g.tree, masks)
-                req.grammar.apply_vocab_mask(rows, req.grammar.move_vocab_mask(masks, rows.device))
-            if bias is not None:
-                rows += bias.to(rows.device)
-        if batch.sampling_info.has_custom_logit_processor:  # their requests verify the root row alone
+    def custom_logits(self, batch, step: DecodeStep, logits: torch.Tensor) -> None:
+        """Custom logit processors (SGLang's objects) on the root rows of their requests, which verify that row
+        alone."""
+        if batch.sampling_info.has_custom_logit_processor:
             from sglang.srt.layers.sampler import apply_custom_logit_processor
 
+            width = step.rows.width
             roots = logits[::width].clone()
             apply_custom_logit_processor(roots, batch.sampling_info)
             logits[::width] = roots
-
-    def verify(self, batch, step: DecodeStep, logits: torch.Tensor):
-        width = step.rows.width
-        logits = logits.float().cpu().view(len(batch.reqs), width, -1)
-        positions = step.rows.positions.view(len(batch.reqs), width)
-        sampler = sampler_batch(batch.sampling_info)
-        inputs = []
-        for b, (g, req) in enumerate(zip(step.trees, batch.reqs)):
-            params, seed, n = request_sampling(req), req.sampling_params.sampling_seed, g.tree.size
-            choices = None
-            if seed is not None and not params.is_greedy:
-                choices = seeded_choices(logits[b, :n], params, int(seed), positions[b, :n], sampler.filtered)
-            inputs.append(VerifyInput(g.tree, logits[b, :n], params, choices, sampler))
-        return verify_batch(inputs, self.generator)
 
     @staticmethod
     def logprobs(batch, logits_output, accepted, width: int) -> None:

@@ -1,0 +1,215 @@
+"""One decode step's algorithm, without SGLang: draft -> plan -> pack, then (after the caller's verify forward)
+constrain -> accept -> learn.
+
+The SGLang worker (scheduler_patch/runtime/worker.py) describes each request of its batch as a `StepRequest`, holds
+the step's collaborators in `StepParts`, and calls these functions in step order around the target's forward; the
+served-path law test (tests/unit/test_served_law.py) calls the same functions around a synthetic target. What is
+SGLang's (its Req and batch, the KV pools, the forward, custom logit processors, logprobs) stays in the worker.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sgl_dspark.config import DSparkConfig
+from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks,
+                                   scaling_rows)
+from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerUnavailable
+from sgl_dspark.gate import Decision, Gate
+from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
+from sgl_dspark.layout import VerifyRows, pack_trees
+from sgl_dspark.lookup import LookupRegistry
+from sgl_dspark.sampling import SamplerBatch, SamplingParams
+from sgl_dspark.scheduler import PlanInput, Scheduler
+from sgl_dspark.seeded import seeded_choices
+from sgl_dspark.tree import DraftTree
+from sgl_dspark.verify import VerifyInput, VerifyResult, verify_batch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One request as the decode step sees it (the worker builds it from SGLang's Req)."""
+
+    rid: str
+    prompt: Sequence[int]  # the request's input ids
+    output: Sequence[int]  # generated so far; the last one is the step's anchor (not yet in the KV cache)
+    seq_len: int  # tokens in the KV cache (the anchor's position)
+    slots: torch.Tensor  # [>= seq_len] KV slots of its tokens (a view; the drafter reads the first seq_len)
+    sampling: SamplingParams
+    seed: int | None = None  # sampling_seed: its draws come from sgl_dspark.seeded, not the verifier's stream
+    penalties: Penalties = field(default_factory=Penalties)
+    logit_bias: dict[str, float] | None = None
+    grammar: Any = None  # SGLang's grammar object (BaseGrammarObject's interface) or None
+    custom: bool = False  # has a custom logit processor: verifies its anchor alone (the worker applies it)
+
+    @property
+    def anchor(self) -> int:
+        return int(self.output[-1])
+
+
+@dataclass
+class StepParts:
+    """What a decode step drafts and plans with, built once (the worker's, or a test's)."""
+
+    config: DSparkConfig
+    client: DraftClient
+    scheduler: Scheduler
+    lookup: LookupRegistry | None  # None: lookup off
+    gate: Gate | None  # None: every request drafts every step
+    vocab: int
+    stride: int  # the KV width reserved per request: no block may have more rows
+    draft_failed: Callable[[DraftWorkerUnavailable], None]  # counts and logs a draft-side fault
+
+
+@dataclass
+class DecodeStep:
+    """What one decode step carries from drafting to commit."""
+
+    trees: list[Grafted]  # selected (scheduled) blocks, one per request, with each node's provenance
+    drafted: list[int]  # draft length per request before scheduling
+    speculated: list[bool]  # per request: the gate let it draft this step
+    rows: VerifyRows
+    seq_lens: list[int]
+
+
+# -- draft -> plan -> pack ---------------------------------------------------------------------------------------
+
+def draft_and_plan(parts: StepParts, reqs: Sequence[StepRequest]) -> DecodeStep:
+    speculate = speculating(parts, reqs)
+    if not parts.config.drafts:  # max_verify 0: the verify path with the anchor alone
+        blocks = [Grafted.plain(root_only(r, parts.vocab)) for r in reqs]
+    else:
+        blocks = with_lookup(parts, reqs, draft(parts, reqs, speculate))
+    blocks = [Grafted.plain(root_only(r, parts.vocab)) if r.custom else g for g, r in zip(blocks, reqs)]
+    plan = parts.scheduler.plan(plan_input(parts, blocks, sum(speculate)))
+    selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
+    widest = max(g.tree.size for g in selected)
+    if widest > parts.stride:  # never write past the KV SGLang reserved (launch.verify_tokens per request)
+        logger.error("sgl-dspark: a block of %d rows exceeds the reserved verify width %d; this step verifies "
+                     "no drafts", widest, parts.stride)
+        selected = [Grafted.plain(root_only(r, parts.vocab)) for r in reqs]
+    seq_lens = [r.seq_len for r in reqs]
+    rows = pack_trees([g.tree for g in selected], seq_lens)
+    return DecodeStep(selected, [g.tree.size - 1 for g in blocks], speculate, rows, seq_lens)
+
+
+def speculating(parts: StepParts, reqs: Sequence[StepRequest]) -> list[bool]:
+    """Per request: does it draft this step (the gate's choice; none without drafts, all without the gate; never
+    a request with a custom logit processor)."""
+    if not parts.config.drafts:
+        return [False] * len(reqs)
+    table = getattr(parts.scheduler, "cost_table", None)
+    if parts.gate is None or table is None:
+        return [not r.custom for r in reqs]
+    decision: Decision = parts.gate.decide([r.rid for r in reqs], table)
+    return [bool(s) and not r.custom for s, r in zip(decision.speculate, reqs)]
+
+
+def root_only(req: StepRequest, vocab: int) -> DraftTree:
+    """The block of a request that drafts nothing this step (plain decoding through the verify path); a sampled
+    one carries its (unused) draft-probability row, so lookup nodes can still be grafted onto it."""
+    probs = None if req.sampling.is_greedy else torch.zeros(1, vocab)
+    return DraftTree.chain(torch.tensor([req.anchor]), torch.ones(1), probs)
+
+
+def draft_batch(reqs: Sequence[StepRequest], seq_lens: Sequence[int], anchors: Sequence[int]) -> DraftBatch:
+    """What the drafter needs of these requests, with their anchors at `seq_lens` (this step's, or the next's when
+    drafting ahead)."""
+    return DraftBatch(context_slots=tuple(r.slots[:n].cpu().long() for r, n in zip(reqs, seq_lens)),
+                      anchors=torch.tensor(list(anchors), dtype=torch.long),
+                      anchor_positions=torch.tensor(list(seq_lens), dtype=torch.long),
+                      sampling=tuple(r.sampling for r in reqs))
+
+
+def draft(parts: StepParts, reqs: Sequence[StepRequest], speculate: list[bool]) -> list[DraftTree]:
+    """The drafter's blocks for the speculating requests (one call), the anchor alone for the others; a draft-side
+    fault leaves every request with its anchor alone (plain decoding), counted and logged."""
+    trees = [root_only(r, parts.vocab) for r in reqs]
+    chosen = [r for r, s in zip(reqs, speculate) if s]
+    if not chosen:
+        return trees
+    try:
+        drafted = parts.client.propose(draft_batch(chosen, [r.seq_len for r in chosen], [r.anchor for r in chosen]))
+    except DraftWorkerUnavailable as exc:
+        parts.draft_failed(exc)
+        return trees
+    for i, tree in zip([i for i, s in enumerate(speculate) if s], drafted):
+        trees[i] = tree
+    return trees
+
+
+def with_lookup(parts: StepParts, reqs: Sequence[StepRequest], trees: list[DraftTree]) -> list[Grafted]:
+    """Graft the request's own-context lookup chains onto its tree (lookup knob): onto the drafter's, or onto the
+    anchor alone where the gate held drafting back (lookup costs no drafter call; the scheduler prices its
+    verification like any draft node's)."""
+    if parts.lookup is None:
+        return [Grafted.plain(t) for t in trees]
+    entries = [parts.lookup.sync(r.rid, r.prompt, r.output) for r in reqs]
+    parts.lookup.retain(r.rid for r in reqs)
+    return [graft(t, e.index.propose(), e.stats, parts.lookup.knobs.max_nodes) for t, e in zip(trees, entries)]
+
+
+def plan_input(parts: StepParts, blocks: list[Grafted], drafted: int) -> PlanInput:
+    """The scheduler prices the verify budget with the whole step: what drafting took and the gate's model of the
+    rest (acceptance, commit, SGLang's share)."""
+    trees = tuple(g.tree for g in blocks)
+    if parts.gate is None:
+        return PlanInput(trees)
+    overhead_s, per_token_s = parts.gate.costs.besides_verify(drafted, len(blocks))
+    return PlanInput(trees, overhead_s=overhead_s, overhead_per_token_s=per_token_s)
+
+
+# -- constrain -> accept -> learn (on the verify forward's logits) -----------------------------------------------
+
+def constrain(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, vocab: int) -> None:
+    """Plain decoding's logit transforms (penalties, grammar mask, logit bias) on every verify row as if its path
+    had been generated (sgl_dspark.constraints), in place on `logits` ([bs * width, V]), so acceptance and
+    logprobs both see them. Custom logit processors are the worker's (they are SGLang's objects)."""
+    width = step.rows.width
+    for b, (g, req) in enumerate(zip(step.trees, reqs)):
+        rows = logits[b * width:b * width + g.tree.size]
+        penalties, bias = req.penalties, bias_row(req.logit_bias, vocab)
+        if penalties.active:
+            counts = PathCounts.of(g.tree, req.output, vocab)
+            if penalties.additive:
+                rows += additive_rows(penalties, counts).to(rows.device)
+            if penalties.scaling:
+                apply_scaling(rows, scaling_rows(penalties, counts).to(rows.device))
+        if req.grammar is not None:
+            masks = req.grammar.allocate_vocab_mask(vocab_size=vocab, batch_size=g.tree.size, device="cpu")
+            grammar_masks(req.grammar, g.tree, masks)
+            req.grammar.apply_vocab_mask(rows, req.grammar.move_vocab_mask(masks, rows.device))
+        if bias is not None:
+            rows += bias.to(rows.device)
+
+
+def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
+           generator: torch.Generator) -> list[VerifyResult]:
+    """Lossless acceptance of every request's block from its (constrained) verify rows: the verifier's draws from
+    `generator` (the VERIFY stream, sgl_dspark.streams), a seeded request's from its own seed."""
+    width = step.rows.width
+    logits = logits.float().cpu().view(len(reqs), width, -1)
+    positions = step.rows.positions.view(len(reqs), width)
+    inputs = []
+    for b, (g, req) in enumerate(zip(step.trees, reqs)):
+        n, choices = g.tree.size, None
+        if req.seed is not None and not req.sampling.is_greedy:
+            choices = seeded_choices(logits[b, :n], req.sampling, req.seed, positions[b, :n], sampler.filtered)
+        inputs.append(VerifyInput(g.tree, logits[b, :n], req.sampling, choices, sampler))
+    return verify_batch(inputs, generator)
+
+
+def learn_lookup(lookup: LookupRegistry | None, step: DecodeStep, reqs: Sequence[StepRequest],
+                 results: list[VerifyResult]) -> int:
+    """Each request's lookup statistics learn what its grafted chains achieved; returns the tokens lookup nodes
+    got accepted this step."""
+    if lookup is None:
+        return 0
+    for g, result, req in zip(step.trees, results, reqs):
+        lookup.entries[req.rid].stats.observe(outcome(g, result))
+    return sum(lookup_accepted(g, r) for g, r in zip(step.trees, results))
