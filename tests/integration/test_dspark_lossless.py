@@ -17,6 +17,7 @@ import requests
 
 from conftest import GREEDY_128, dspark_spec, generate_all, warm_prefix_cache
 from sgl_dspark.tools.launch import serving
+from sgl_dspark.tools.models import SHIPPED_DRAFTER
 
 pytestmark = pytest.mark.integration
 
@@ -51,10 +52,12 @@ def mismatches(replies: list[dict], want: list[list[int]], indices: list[int]) -
 
 def nodraft_replies(request, texts: list[str], concurrency: int) -> list[dict]:
     """Greedy replies of a DSPARK server that verifies no drafts (max-verify 0: each step verifies the anchor alone,
-    through the target forward, GEMM and attention path of a DSPARK verify step), started for this call only."""
+    through the target forward, GEMM and attention path of a DSPARK verify step), started for this call only. The
+    shipped drafter (its recommended knobs turn lookup on), the gate, the draft process and draft-ahead on: that
+    combination once took the server down (issue 27)."""
     fixture = request.getfixturevalue
-    spec = dspark_spec(fixture("default_model_path"), fixture("bigram_drafter_path"),
-                       "--speculative-dspark-max-verify", "0")
+    spec = dspark_spec(fixture("default_model_path"), str(SHIPPED_DRAFTER), "--speculative-dspark-max-verify", "0",
+                       "--speculative-dspark-draft-ahead", "true", gate=True, draft_process=True)
     with serving(spec, fixture("tmp_path_factory").mktemp("dspark-nodraft")) as server:
         return generate_all(server.base_url, texts, concurrency, **GREEDY_128)
 
