@@ -31,16 +31,17 @@ class DSparkLaunch:
     draft_nodes: int  # most draft nodes one request verifies per step, anchor excluded
     cost_table: StepCostTable | None = dataclasses.field(repr=False)  # the cost_table knob's; None: profile one
     attention_backend: str | None  # declared by the plugin; None: the user's explicit choice stands
+    device: str = "cpu"  # where the target runs (cpu or cuda)
 
     @classmethod
     def of(cls, config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, attention_backend: str | None,
            calibration: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
-           cost_table: StepCostTable | None = None) -> "DSparkLaunch":
+           cost_table: StepCostTable | None = None, device: str = "cpu") -> "DSparkLaunch":
         """The record from what was read; the verify width is computed here, once (DSparkConfig.verify_nodes).
         ValueError if the knobs do not fit the drafter's gamma."""
         lookup = config.lookup_knobs() if config.lookup and config.drafts else None  # max_verify 0: none verified
         return cls(config, drafter_path, drafter, config.draft_knobs(*calibration), lookup,
-                   config.verify_nodes(drafter.gamma), cost_table, attention_backend)
+                   config.verify_nodes(drafter.gamma), cost_table, attention_backend, device)
 
     @property
     def verify_tokens(self) -> int:
@@ -49,12 +50,16 @@ class DSparkLaunch:
 
     def server_fields(self) -> dict[str, Any]:
         """The ServerArgs fields DSPARK sets. steps=topk=1 keeps SGLang's per-decode KV reserve at
-        max(steps * topk, num_draft_tokens) = verify_tokens (has_draft_kv is False: no draft KV in SGLang's pool)."""
+        max(steps * topk, num_draft_tokens) = verify_tokens (has_draft_kv is False: no draft KV in SGLang's pool).
+        Off the CPU the decode phase runs without device graphs: SGLang's graph runner captures TARGET_VERIFY with
+        its own spec info, which this step's verify batch (its width and tree mask change every step) is not."""
         fields = {"speculative_algorithm": NAME, "disable_overlap_schedule": True,
                   "speculative_num_draft_tokens": self.verify_tokens, "speculative_num_steps": 1,
                   "speculative_eagle_topk": 1, "enable_mixed_chunk": False}
         if self.attention_backend is not None:
             fields["attention_backend"] = self.attention_backend
+        if self.device != "cpu":
+            fields["cuda_graph_backend_decode"] = "disabled"
         return fields
 
 

@@ -57,10 +57,13 @@ def prepare(record: Any) -> DSparkLaunch:
     root = _drafter_dir(cfg.speculative_draft_model_path)
     config = _config(getattr(record, FLAGS_ATTR, None) or {}, root)
     drafter = _drafter(root, _target(cfg))
-    launch = _launch(config, cfg.speculative_draft_model_path, drafter, _attention_backend(cfg, device))
+    launch = _launch(config, cfg.speculative_draft_model_path, drafter, _attention_backend(cfg, device), device)
     _refuse_conflicts(cfg, launch)
     if cfg.enable_mixed_chunk:
         logger.warning("sgl-dspark: --enable-mixed-chunk is turned off for DSPARK")
+    if device != "cpu":
+        logger.info("sgl-dspark: decode runs without CUDA graphs under DSPARK (its verify batch changes shape every "
+                    "step); prefill keeps SGLang's setting")
     declare_resolution(record, SOURCE, **launch.server_fields())
     setattr(record, LAUNCH_ATTR, launch)  # bookkeeping: allowed on the sealed record, kept by its pickling
     logger.info("sgl-dspark: DSPARK on %s, %d verify tokens per request, %s", device, launch.verify_tokens, config)
@@ -147,10 +150,11 @@ def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
     return drafter
 
 
-def _launch(config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, backend: str | None) -> DSparkLaunch:
+def _launch(config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, backend: str | None,
+            device: str) -> DSparkLaunch:
     calibration, table = _calibration(config, drafter_path), _cost_table(config)
     try:
-        return DSparkLaunch.of(config, drafter_path, drafter, backend, calibration, table)
+        return DSparkLaunch.of(config, drafter_path, drafter, backend, calibration, table, device)
     except ValueError as e:
         raise StartupError(f"DSpark config does not fit the drafter (block_size {drafter.gamma}): {e}") from e
 
@@ -184,6 +188,10 @@ def _refuse_conflicts(cfg: Any, launch: DSparkLaunch) -> None:
     """Explicit SGLang speculative sizes must agree with what the DSpark knobs imply."""
     ours = {"speculative_num_draft_tokens": launch.verify_tokens, "speculative_num_steps": 1,
             "speculative_eagle_topk": 1}
+    graphs = cfg.cuda_graph_backend_decode
+    if launch.device != "cpu" and graphs is not None and graphs != "disabled":
+        raise StartupError(f"--cuda-graph-backend-decode {graphs} conflicts with DSPARK, whose decode step runs "
+                           f"without CUDA graphs (its verify batch changes shape every step); drop the flag")
     for name, value in ours.items():
         given = getattr(cfg, name)
         if given is not None and int(given) != value:
@@ -252,6 +260,7 @@ def _resolve_once(original, record):
 
 USED_FIELDS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_num_draft_tokens",
                "speculative_num_steps", "speculative_eagle_topk", "enable_mixed_chunk", "device", "model_path",
+               "cuda_graph_backend_decode",
                "revision", "trust_remote_code", "speculative_draft_model_path", "enable_return_aux_hidden_states",
                *BACKEND_FIELDS, *REFUSAL_FIELDS)
 

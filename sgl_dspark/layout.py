@@ -20,6 +20,7 @@ class VerifyRows:
     mask: torch.Tensor  # [bs, width, width] bool: row i may attend to verify row j
     sizes: torch.Tensor  # [bs] int64 real nodes per request (the rest is padding)
     width: int
+    parents: torch.Tensor  # [bs, width] int64 parent node (-1 at the root; padding nodes hang off the root)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class AcceptRows:
     tokens: torch.Tensor  # [bs, stride] int64 emitted tokens (accepted drafts then bonus), 0 padded
     accept_lens: torch.Tensor  # [bs] int32 tau per request (bonus included)
 
+    def to_host(self) -> "AcceptRows":
+        """The same rows on the CPU, in one device-to-host transfer (itself when already there)."""
+        if self.tokens.device.type == "cpu":
+            return self
+        width, stride = self.accept_index.shape[1], self.tokens.shape[1]
+        packed = torch.cat([self.accept_index, self.tokens, self.accept_lens[:, None].long()], 1).cpu()
+        return AcceptRows(packed[:, :width], packed[:, width:width + stride], packed[:, -1].to(torch.int32))
+
 
 def pad_tree(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> tokens [width], parents [width]: padding nodes repeat the anchor and hang off the root."""
@@ -53,14 +62,15 @@ def pad_tree(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
 def pack_trees(trees: list[DraftTree], seq_lens: list[int], width: int | None = None) -> VerifyRows:
     """Trees (one per request) + each request's cached length -> the verify rows."""
     width = width or max(t.size for t in trees)
-    tokens, positions, masks = [], [], []
+    tokens, positions, masks, parents = [], [], [], []
     for tree, seq_len in zip(trees, seq_lens):
-        tok, parents = pad_tree(tree, width)
+        tok, par = pad_tree(tree, width)
         tokens.append(tok)
-        positions.append(position_ids(parents, seq_len))
-        masks.append(ancestor_mask(parents))
+        parents.append(par)
+        positions.append(position_ids(par, seq_len))
+        masks.append(ancestor_mask(par))
     sizes = torch.tensor([t.size for t in trees], dtype=torch.long)
-    return VerifyRows(torch.cat(tokens), torch.cat(positions), torch.stack(masks), sizes, width)
+    return VerifyRows(torch.cat(tokens), torch.cat(positions), torch.stack(masks), sizes, width, torch.stack(parents))
 
 
 def verify_batch_of(rows: VerifyRows, seq_lens: list[int], prefix_columns: bool) -> VerifyBatch:
@@ -79,14 +89,33 @@ def verify_batch_of(rows: VerifyRows, seq_lens: list[int], prefix_columns: bool)
 def accept_rows(results: list[VerifyResult], width: int, stride: int) -> AcceptRows:
     """Verify results -> the rows to keep (root + accepted path) and the tokens each request emits."""
     bs = len(results)
-    index = torch.full((bs, width), -1, dtype=torch.long)
-    tokens = torch.zeros((bs, stride), dtype=torch.long)
+    accepted = AcceptRows(torch.full((bs, width), -1, dtype=torch.long), torch.zeros((bs, stride), dtype=torch.long),
+                          torch.zeros(bs, dtype=torch.int32))
     for b, result in enumerate(results):
-        kept = torch.cat([torch.zeros(1, dtype=torch.long), result.accepted_nodes.long()])
-        index[b, :kept.numel()] = b * width + kept
-        tokens[b, :result.tau] = result.emitted_tokens
-    lens = torch.tensor([r.tau for r in results], dtype=torch.int32)
-    return AcceptRows(index, tokens, lens)
+        write_path(accepted, b, result, width)
+    return accepted
+
+
+def write_path(accepted: AcceptRows, b: int, result: VerifyResult, width: int) -> None:
+    """Request b's rows of `accepted` (in place) hold `result`."""
+    kept = torch.cat([torch.zeros(1, dtype=torch.long), result.accepted_nodes.long()])
+    device = accepted.tokens.device
+    accepted.accept_index[b] = -1
+    accepted.accept_index[b, :kept.numel()] = (b * width + kept).to(device)
+    accepted.tokens[b] = 0
+    accepted.tokens[b, :result.tau] = result.emitted_tokens.to(device)
+    accepted.accept_lens[b] = result.tau
+
+
+def verify_results(accepted: AcceptRows, width: int) -> list[VerifyResult]:
+    """Host rows -> each request's VerifyResult (the inverse of `accept_rows`)."""
+    out = []
+    rows = zip(accepted.accept_index.tolist(), accepted.tokens.tolist(), accepted.accept_lens.tolist())
+    for b, (index, tokens, tau) in enumerate(rows):
+        nodes = [i - b * width for i in index[1:tau]]
+        out.append(VerifyResult(torch.tensor(nodes, dtype=torch.long), torch.tensor(tokens[:tau - 1], dtype=torch.long),
+                                tokens[tau - 1], nodes[-1] if nodes else 0))
+    return out
 
 
 def kv_moves(accepted: AcceptRows, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,13 +20,14 @@ from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_
 from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.gate import Decision, Gate
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.layout import VerifyRows, pack_trees
+from sgl_dspark.acceptance import match_paths
+from sgl_dspark.layout import AcceptRows, VerifyRows, pack_trees, verify_results, write_path
 from sgl_dspark.lookup import LookupRegistry
-from sgl_dspark.sampling import SamplerBatch, SamplingParams
+from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.scheduler import PlanInput, Scheduler
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import VerifyInput, VerifyResult, verify_batch
+from sgl_dspark.verify import VerifyResult, verify_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -188,20 +189,59 @@ def constrain(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tenso
             rows += bias.to(rows.device)
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """A step's verdict: what SGLang and the commit read, on the logits' device, and the same paths on the host."""
+
+    rows: AcceptRows  # on the logits' device
+    host: AcceptRows  # on the CPU (one transfer): the commit's slot bookkeeping
+    results: list[VerifyResult]  # per request, from `host`: lookup statistics, trace
+
+
 def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
-           generator: torch.Generator) -> list[VerifyResult]:
-    """Lossless acceptance of every request's block from its (constrained) verify rows: the verifier's draws from
-    `generator` (the VERIFY stream, sgl_dspark.streams), a seeded request's from its own seed."""
+           generator: torch.Generator, stride: int) -> Accepted:
+    """Lossless acceptance of every request's block from its (constrained) verify rows [bs * width, V]: requests whose
+    token after each node is fixed without looking at the drafts (greedy; seeded, from sgl_dspark.seeded) match it
+    in one batched pass (sgl_dspark.acceptance); sampled ones go through rejection sampling with the verifier's
+    draws from `generator` (the VERIFY stream, sgl_dspark.streams), request after request."""
     width = step.rows.width
-    logits = logits.float().cpu().view(len(reqs), width, -1)
-    positions = step.rows.positions.view(len(reqs), width)
-    inputs = []
+    logits = logits.view(len(reqs), width, -1)
+    device = logits.device
+    rows = match_paths(step.rows.tokens.view(-1, width).to(device), step.rows.parents.to(device),
+                       step.rows.mask.to(device), step.rows.sizes, target_choices(step, reqs, logits, sampler), stride)
     for b, (g, req) in enumerate(zip(step.trees, reqs)):
-        n, choices = g.tree.size, None
+        if drawn(req):
+            n = g.tree.size
+            write_path(rows, b, verify_sampling(g.tree, target_probs(logits[b, :n].float().cpu(), req.sampling,
+                                                                       sampler), generator), width)
+    host = rows.to_host()
+    return Accepted(rows, host, verify_results(host, width))
+
+
+def drawn(req: StepRequest) -> bool:
+    """The request's tokens are drawn by the verifier's generator (sampled, no seed of its own)."""
+    return not req.sampling.is_greedy and req.seed is None
+
+
+def target_choices(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor,
+                   sampler: SamplerBatch) -> torch.Tensor:
+    """logits [bs, width, V] -> [bs, width] the target's token after each node for greedy and seeded requests (the
+    argmax, or the first of SGLang's sort in a batch that sorts; the seeded Gumbel-max choice), 0 for the others."""
+    bs, width, vocab = logits.shape
+    choices = torch.zeros(bs, width, dtype=torch.long, device=logits.device)
+    greedy = [b for b, r in enumerate(reqs) if r.sampling.is_greedy]
+    if len(greedy) == bs:
+        choices[:] = greedy_choices(logits.view(-1, vocab), sampler).view(bs, width)
+    elif greedy:
+        index = torch.tensor(greedy, device=logits.device)
+        choices[index] = greedy_choices(logits[index].view(-1, vocab), sampler).view(-1, width)
+    positions = step.rows.positions.view(bs, width)
+    for b, (g, req) in enumerate(zip(step.trees, reqs)):
         if req.seed is not None and not req.sampling.is_greedy:
-            choices = seeded_choices(logits[b, :n], req.sampling, req.seed, positions[b, :n], sampler.filtered)
-        inputs.append(VerifyInput(g.tree, logits[b, :n], req.sampling, choices, sampler))
-    return verify_batch(inputs, generator)
+            n = g.tree.size
+            choices[b, :n] = seeded_choices(logits[b, :n].float().cpu(), req.sampling, req.seed, positions[b, :n],
+                                            sampler.filtered).to(logits.device)
+    return choices
 
 
 def learn_lookup(lookup: LookupRegistry | None, step: DecodeStep, reqs: Sequence[StepRequest],

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from sgl_dspark.cost import StepCostTable, profile, save_cost_table
+from sgl_dspark.layout import pack_trees, verify_batch_of
 from sgl_dspark.scheduler import PlanInput, Scheduler, StepResult, VerifyPlan
+from sgl_dspark.tree import DraftTree
 
 PROFILE_MAX_TOKENS = 64  # the largest batch timed; the table extrapolates linearly beyond it
 PROFILE_CONTEXT = 128  # committed tokens per dummy request (the keys each verify row attends over)
@@ -64,10 +66,12 @@ class VerifyStep:
         pool = runner.req_to_token_pool.req_to_token
         slots = 1 + torch.arange(requests * (context + width), device=device).view(requests, -1)
         pool[:requests, :context + width] = slots.to(pool.dtype)
-        positions = (context + torch.arange(width)).repeat(requests).to(device)
-        mask = torch.ones(width, width, dtype=torch.bool).tril().repeat(requests, 1).flatten().to(device)
-        spec = NgramVerifyInput(draft_token=torch.ones(tokens, dtype=torch.long, device=device), custom_mask=mask,
-                                positions=positions, draft_token_num=width)
+        chains = [DraftTree.chain(torch.ones(width, dtype=torch.long), torch.ones(width))] * requests
+        rows = verify_batch_of(pack_trees(chains, [context] * requests), [context] * requests,
+                               prefix_columns=device != "cpu")  # the mask the worker builds for this device
+        positions = rows.positions.to(device)
+        spec = NgramVerifyInput(draft_token=torch.ones(tokens, dtype=torch.long, device=device),
+                                custom_mask=rows.mask.to(device), positions=positions, draft_token_num=width)
         spec.capture_hidden_mode = CaptureHiddenMode.FULL
         seq_lens = torch.full((requests,), context, dtype=torch.int64)
         batch = ForwardBatch(

@@ -19,14 +19,14 @@ from sgl_dspark.constraints import Penalties
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
 from sgl_dspark.gate import Gate, GatedStep, initial_costs
-from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, verify_batch_of
+from sgl_dspark.layout import AcceptRows, kv_moves, verify_batch_of
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.seeded import seeded_from_probs
-from sgl_dspark.step import (DecodeStep, StepParts, StepRequest, accept, constrain, draft_and_plan, draft_batch,
-                             learn_lookup)
+from sgl_dspark.step import (Accepted, DecodeStep, StepParts, StepRequest, accept, constrain, draft_and_plan,
+                             draft_batch, learn_lookup)
 from sgl_dspark.streams import VERIFY, stream
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.verify import VerifyResult
@@ -188,17 +188,17 @@ class DSparkWorker(BaseSpecWorker):
                        self.req_to_token_pool.req_to_token, self.device):  # a verify batch in here only
             out = self.target_worker.forward_batch_generation(batch, is_verify=True)  # verify: the target's forward
             clock.mark_verified()
-            results, accepted = self.accept_and_logprobs(batch, reqs, step, out.logits_output)
-            new_seq_lens = self.commit(batch, step, accepted, out.logits_output.hidden_states)
+            verdict = self.accept_and_logprobs(batch, reqs, step, out.logits_output)
+            new_seq_lens = self.commit(batch, step, verdict.host, out.logits_output.hidden_states)
         if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
-            self.draft_ahead(reqs, new_seq_lens, accepted)
-        self.metrics.lookup_tokens += learn_lookup(self.parts.lookup, step, reqs, results)
-        self.trace(batch, step, results)
+            self.draft_ahead(reqs, new_seq_lens, verdict.host)
+        self.metrics.lookup_tokens += learn_lookup(self.parts.lookup, step, reqs, verdict.results)
+        self.trace(batch, step, verdict.results)
         out.logits_output.hidden_states = None
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.observe(batch, step, accepted, clock, hits)
-        return self.step_result(step, out.logits_output, accepted, new_seq_lens)
+        self.observe(batch, step, verdict.host, clock, hits)
+        return self.step_result(step, out.logits_output, verdict.rows, new_seq_lens)
 
     def step_requests(self, batch) -> list[StepRequest]:
         """The batch's requests as the step sees them (sgl_dspark.step)."""
@@ -208,18 +208,16 @@ class DSparkWorker(BaseSpecWorker):
                             req.grammar, bool(req.custom_logit_processor))
                 for req, i, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist())]
 
-    def accept_and_logprobs(self, batch, reqs: list[StepRequest], step: DecodeStep,
-                            logits_output) -> tuple[list[VerifyResult], AcceptRows]:
+    def accept_and_logprobs(self, batch, reqs: list[StepRequest], step: DecodeStep, logits_output) -> Accepted:
         """Plain decoding's transforms on the verify logits first (acceptance and logprobs both see them), then
         lossless acceptance, then the emitted tokens' logprobs."""
         logits = logits_output.next_token_logits
         constrain(step, reqs, logits, self.vocab)
         self.custom_logits(batch, step, logits)
-        results = accept(step, reqs, logits, sampler_batch(batch.sampling_info), self.generator)
-        accepted = accept_rows(results, step.rows.width, self.stride)
+        verdict = accept(step, reqs, logits, sampler_batch(batch.sampling_info), self.generator, self.stride)
         if batch.return_logprob:
-            self.logprobs(batch, logits_output, accepted, step.rows.width)
-        return results, accepted
+            self.logprobs(batch, logits_output, verdict.rows, step.rows.width)
+        return verdict
 
     def trace(self, batch, step: DecodeStep, results: list[VerifyResult]) -> None:
         if self.tracer is not None:
@@ -281,12 +279,11 @@ class DSparkWorker(BaseSpecWorker):
         them (the root and the accepted path), as SGLang's speculative workers compute them."""
         from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
-        device = logits_output.next_token_logits.device
         index = accepted.accept_index
-        predict = torch.zeros(index.shape[0] * width, dtype=torch.long)
+        predict = torch.zeros(index.shape[0] * width, dtype=torch.long, device=index.device)
         kept = index >= 0
         predict[index[kept]] = accepted.tokens[:, :width][kept]
-        compute_spec_logprobs(batch, logits_output, predict.to(device), accept_index=index.to(device))
+        compute_spec_logprobs(batch, logits_output, predict, accept_index=index)
 
     def commit(self, batch, step: DecodeStep, accepted: AcceptRows, hidden: torch.Tensor) -> torch.Tensor:
         """Move the accepted path's KV to the front of each request's verify window (only rows not already there: a

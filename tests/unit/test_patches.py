@@ -247,7 +247,8 @@ def drafters(tmp_path_factory) -> dict[str, Path]:
 
 
 def record(target: Path, drafter: Path | str | None, flags: dict | None = None, **fields) -> ServerArgs:
-    args = ServerArgs(model_path=str(target), device="cpu", speculative_algorithm="DSPARK",
+    fields.setdefault("device", "cpu")
+    args = ServerArgs(model_path=str(target), speculative_algorithm="DSPARK",
                       speculative_draft_model_path=None if drafter is None else str(drafter), **fields)
     if flags:
         args._dspark_flags = flags
@@ -264,6 +265,27 @@ def test_prepare_declares_what_sglang_needs(target, drafters):
     assert view.disable_overlap_schedule is True and view.enable_mixed_chunk is False
     assert view.attention_backend == TORCH_BACKEND
     assert launch_of(pickle.loads(pickle.dumps(args))) == launch
+
+
+@pytest.mark.parametrize("device, decode_backend", [("cuda", "disabled"), ("cpu", "full")])
+def test_sglangs_decode_graph_capture_is_off_for_dspark_on_cuda_only(target, drafters, device, decode_backend):
+    """SGLang's own resolution of the CUDA-graph config (parse_cuda_graph_config) after DSPARK's prepare: on CUDA the
+    decode phase's backend is DISABLED, the condition under which SGLang's capture_decode_graph returns before
+    capturing its TARGET_VERIFY graph (checked in its source, so a change upstream fails here); on CPU the field is
+    SGLang's default (CPU graphs follow --enable-torch-compile there)."""
+    import inspect
+    import re
+
+    from sglang.srt.arg_groups.cuda_graph_hook import parse_cuda_graph_config
+    from sglang.srt.model_executor.model_runner_components import cuda_graph_setup
+
+    args = record(target, drafters["fits"], device=device)
+    dspark_args.prepare(args)
+    parse_cuda_graph_config(args)
+    assert resolving_view(args).cuda_graph_config.decode.backend == decode_backend
+    source = re.sub(r"\s+", "", inspect.getsource(cuda_graph_setup.capture_decode_graph))
+    assert ('ifmodel_runner.device!="cpu"andcheck_cuda_graph_backend(Phase.DECODE,Backend.DISABLED):returnno_capture'
+            in source)
 
 
 def test_max_verify_caps_the_verify_tokens(target, drafters):
@@ -309,6 +331,7 @@ def test_our_handle_server_args_redeclares_through_sglangs_recorder(target, draf
     ("fits", None, {"enable_return_hidden_states": True}, "--enable-return-hidden-states / --return-hidden-states"),
     ("fits", None, {"attention_backend": "torch_native"}, "--attention-backend torch_native: DSPARK on CPU"),
     ("fits", None, {"speculative_num_draft_tokens": 3}, "--speculative-num-draft-tokens 3 conflicts"),
+    ("fits", None, {"device": "cuda", "cuda_graph_backend_decode": "full"}, "--cuda-graph-backend-decode full"),
     ("fits", None, {"speculative_dspark_sps_table_path": "t.json"}, "--speculative-dspark-sps-table-path belongs to"),
 ])
 def test_prepare_refuses_with_one_line_naming_the_cause(target, drafters, drafter, flags, fields, cause):

@@ -1,0 +1,117 @@
+"""Batched acceptance (sgl_dspark.acceptance and the step's accept stage) against the per-request verifier, its
+oracle: literal cases, random trees, and a mixed batch of greedy, seeded and sampled requests."""
+
+import random
+
+import torch
+
+from sgl_dspark.acceptance import match_paths
+from sgl_dspark.graft import Grafted
+from sgl_dspark.layout import accept_rows, pack_trees, verify_results
+from sgl_dspark.sampling import SamplerBatch, SamplingParams
+from sgl_dspark.seeded import seeded_choices
+from sgl_dspark.step import DecodeStep, StepRequest, accept
+from sgl_dspark.tree import DraftTree
+from sgl_dspark.verify import VerifyInput, verify_batch, verify_choices
+
+
+def tree(tokens, parents, probs=None):
+    n = len(tokens)
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.ones(n), probs)
+
+
+def paths(trees, choices, stride=6, width=None):
+    rows = pack_trees(trees, [0] * len(trees), width)
+    return match_paths(rows.tokens.view(len(trees), -1), rows.parents, rows.mask, rows.sizes, choices, stride)
+
+
+def test_the_first_matching_child_is_taken_and_its_choice_is_the_bonus():
+    out = paths([tree([5, 6, 7, 8], [-1, 0, 0, 1])], torch.tensor([[7, 8, 2, 3]]))
+    assert out.accept_index.tolist() == [[0, 2, -1, -1]]
+    assert out.tokens.tolist() == [[7, 2, 0, 0, 0, 0]]
+    assert out.accept_lens.tolist() == [2]
+
+
+def test_a_whole_chain_then_its_bonus_and_a_second_request_in_its_own_rows():
+    out = paths([tree([1, 2, 3], [-1, 0, 1]), tree([4, 9, 9], [-1, 0, 1])],
+                torch.tensor([[2, 3, 4], [8, 0, 0]]))
+    assert out.accept_index.tolist() == [[0, 1, 2], [3, -1, -1]]
+    assert out.tokens.tolist() == [[2, 3, 4, 0, 0, 0], [8, 0, 0, 0, 0, 0]]
+    assert out.accept_lens.tolist() == [3, 1]
+
+
+def test_padding_nodes_are_never_accepted_even_when_they_match():
+    """A lone anchor 5 padded to width 3: the padding nodes repeat token 5 off the root, whose choice is 5."""
+    out = paths([tree([5], [-1]), tree([1, 2, 3], [-1, 0, 1])], torch.tensor([[5, 5, 5], [7, 0, 0]]))
+    assert out.accept_index.tolist() == [[0, -1, -1], [3, -1, -1]]
+    assert out.tokens[:, :2].tolist() == [[5, 0], [7, 0]]
+
+
+def test_equal_siblings_take_the_elder_and_never_its_younger_twin():
+    """Nodes 1 and 2 both carry the root's choice 6: node 1 is taken, node 3 (under node 2) cannot be reached."""
+    out = paths([tree([5, 6, 6, 7, 8], [-1, 0, 0, 2, 1])], torch.tensor([[6, 8, 7, 0, 1]]))
+    assert out.accept_index.tolist() == [[0, 1, 4, -1, -1]]
+    assert out.tokens.tolist() == [[6, 8, 1, 0, 0, 0]]
+
+
+def random_tree(rng: random.Random, vocab: int) -> DraftTree:
+    n = rng.randint(1, 7)
+    parents = [-1] + [rng.randrange(i) if rng.random() < 0.5 else i - 1 for i in range(1, n)]
+    return tree([rng.randrange(vocab) for _ in range(n)], parents)
+
+
+def test_random_trees_match_the_per_request_walk():
+    rng = random.Random(0)
+    for _ in range(300):
+        bs, vocab = rng.randint(1, 5), rng.choice([2, 3, 5])
+        trees = [random_tree(rng, vocab) for _ in range(bs)]
+        width = max(t.size for t in trees) + rng.randint(0, 2)
+        choices = torch.randint(vocab, (bs, width), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+        out = paths(trees, choices, stride=width + 1, width=width)
+        oracle = accept_rows([verify_choices(t, choices[b, :t.size]) for b, t in enumerate(trees)], width, width + 1)
+        assert torch.equal(out.accept_index, oracle.accept_index), trees
+        assert torch.equal(out.tokens, oracle.tokens) and torch.equal(out.accept_lens, oracle.accept_lens)
+
+
+def test_results_read_back_from_the_rows_are_the_walks():
+    trees = [tree([5, 6, 7, 8], [-1, 0, 0, 1]), tree([1, 2], [-1, 0])]
+    choices = torch.tensor([[7, 8, 2, 3], [2, 9, 0, 0]])
+    walks = [verify_choices(t, choices[b, :t.size]) for b, t in enumerate(trees)]
+    back = verify_results(paths(trees, choices, stride=5), width=4)
+    for walk, result in zip(walks, back):
+        assert result.accepted_nodes.tolist() == walk.accepted_nodes.tolist()
+        assert result.emitted_tokens.tolist() == walk.emitted_tokens.tolist() and result.last_node == walk.last_node
+
+
+def test_a_mixed_step_accepts_as_the_per_request_verifier_with_the_same_draws():
+    """Greedy, seeded and sampled requests (chains and a tree with a one-hot sibling) in one step: the step's accept
+    stage gives the rows and draws the oracle (verify_batch, request after request, one generator) gives."""
+    vocab, width = 6, 4
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4 * width, vocab, generator=gen) * 2
+    q = torch.softmax(torch.randn(4, vocab, generator=gen), -1)
+    onehot = torch.nn.functional.one_hot(torch.tensor([0, 2, 5, 1]), vocab).float()
+    trees = [tree([1, 2, 3, 4], [-1, 0, 1, 2]),
+             tree([2, 4, 1], [-1, 0, 1], torch.cat([torch.zeros(1, vocab), q[:2]])),
+             tree([3, 0, 5, 2], [-1, 0, 0, 1], torch.stack([torch.zeros(vocab), q[2], onehot[2], q[3]])),
+             tree([0, 5], [-1, 0], torch.cat([torch.zeros(1, vocab), q[:1]]))]
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8),
+              SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=0.7)]
+    seeds = [None, None, None, 11]
+    rows = pack_trees(trees, [5, 7, 9, 3], width)
+    step = DecodeStep([Grafted.plain(t) for t in trees], [t.size - 1 for t in trees], [True] * 4, rows, [5, 7, 9, 3])
+    reqs = [StepRequest(f"r{b}", [1], [t.tokens[0]], n, torch.arange(n), p, s)
+            for b, (t, p, s, n) in enumerate(zip(trees, params, seeds, [5, 7, 9, 3]))]
+    sampler = SamplerBatch.of(params)
+    for seed in range(20):
+        verdict = accept(step, reqs, logits.clone(), sampler, torch.Generator().manual_seed(seed), stride=5)
+        inputs = [VerifyInput(t, logits[b * width:b * width + t.size], p, None, sampler)
+                  for b, (t, p) in enumerate(zip(trees, params))]
+        inputs[3] = VerifyInput(trees[3], logits[12:14], params[3],
+                                seeded_choices(logits[12:14], params[3], 11, rows.positions[12:14], sampler.filtered),
+                                sampler)
+        oracle = accept_rows(verify_batch(inputs, torch.Generator().manual_seed(seed)), width, 5)
+        assert torch.equal(verdict.rows.accept_index, oracle.accept_index)
+        assert torch.equal(verdict.rows.tokens, oracle.tokens)
+        assert torch.equal(verdict.rows.accept_lens, oracle.accept_lens)
+        assert [r.tau for r in verdict.results] == oracle.accept_lens.tolist()
