@@ -200,10 +200,19 @@ class Accepted:
 
 def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
            generator: torch.Generator, stride: int) -> Accepted:
-    """Lossless acceptance of every request's block from its (constrained) verify rows [bs * width, V]: requests whose
-    token after each node is fixed without looking at the drafts (greedy; seeded, from sgl_dspark.seeded) match it
-    in one batched pass (sgl_dspark.acceptance); sampled ones go through rejection sampling with the verifier's
-    draws from `generator` (the VERIFY stream, sgl_dspark.streams), request after request."""
+    """Lossless acceptance of every request's block from its (constrained) verify rows [bs * width, V], on the
+    logits' device, then the verdict on the host in one transfer."""
+    rows = accept_on_device(step, reqs, logits, sampler, generator, stride)
+    host = rows.to_host()
+    return Accepted(rows, host, verify_results(host, step.rows.width))
+
+
+def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
+                     generator: torch.Generator, stride: int) -> AcceptRows:
+    """Requests whose token after each node is fixed without looking at the drafts (greedy; seeded, from
+    sgl_dspark.seeded) match it in one batched pass (sgl_dspark.acceptance) that reads nothing back to the host;
+    sampled ones go through rejection sampling with the verifier's draws from `generator` (the VERIFY stream,
+    sgl_dspark.streams), request after request, their rows on the host (as do a seeded request's)."""
     width = step.rows.width
     logits = logits.view(len(reqs), width, -1)
     device = logits.device
@@ -214,8 +223,7 @@ def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, 
             n = g.tree.size
             write_path(rows, b, verify_sampling(g.tree, target_probs(logits[b, :n].float().cpu(), req.sampling,
                                                                        sampler), generator), width)
-    host = rows.to_host()
-    return Accepted(rows, host, verify_results(host, width))
+    return rows
 
 
 def drawn(req: StepRequest) -> bool:

@@ -3,6 +3,7 @@ oracle: literal cases, random trees, and a mixed batch of greedy, seeded and sam
 
 import random
 
+import pytest
 import torch
 
 from sgl_dspark.acceptance import match_paths
@@ -10,7 +11,7 @@ from sgl_dspark.graft import Grafted
 from sgl_dspark.layout import accept_rows, pack_trees, verify_results
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
 from sgl_dspark.seeded import seeded_choices
-from sgl_dspark.step import DecodeStep, StepRequest, accept
+from sgl_dspark.step import DecodeStep, StepRequest, accept, accept_on_device
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyInput, verify_batch, verify_choices
 
@@ -115,3 +116,19 @@ def test_a_mixed_step_accepts_as_the_per_request_verifier_with_the_same_draws():
         assert torch.equal(verdict.rows.tokens, oracle.tokens)
         assert torch.equal(verdict.rows.accept_lens, oracle.accept_lens)
         assert [r.tau for r in verdict.results] == oracle.accept_lens.tolist()
+
+
+@pytest.mark.parametrize("sampler", [SamplerBatch(True, False, None), SamplerBatch(False, True, None)],
+                         ids=["all-greedy", "greedy-in-a-sorting-batch"])
+def test_greedy_acceptance_reads_nothing_back_to_the_host(sampler):
+    """On the meta device (tensors without data) any read back to the host raises: the batched pass of a greedy step
+    runs there whole, so on a GPU its logits never leave the device; the verdict crosses once (`to_host`)."""
+    trees = [tree([5, 6, 7, 8], [-1, 0, 0, 1]), tree([1, 2], [-1, 0])]
+    rows = pack_trees(trees, [3, 4])
+    step = DecodeStep([Grafted.plain(t) for t in trees], [3, 1], [True, True], rows, [3, 4])
+    reqs = [StepRequest(f"r{b}", [1], [t.tokens[0]], n, torch.arange(n), SamplingParams(temperature=0.0))
+            for b, (t, n) in enumerate(zip(trees, [3, 4]))]
+    out = accept_on_device(step, reqs, torch.empty(8, 10, device="meta"), sampler, torch.Generator(), stride=5)
+    assert out.accept_index.device.type == "meta" and out.tokens.shape == (2, 5)
+    with pytest.raises(NotImplementedError):
+        out.to_host()  # the one transfer, which meta cannot make
