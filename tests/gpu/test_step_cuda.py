@@ -1,0 +1,39 @@
+"""The decode step on CUDA (tests/step_harness.py: a table target whose verify logits live on the GPU, the real
+drafter): output identical to plain decoding, and a greedy batch's acceptance runs without a host sync (CUDA's sync
+debug mode set to error around it); the verdict then crosses to the host once."""
+
+import dataclasses
+
+import pytest
+import torch
+from step_harness import GREEDY, KINDS, decode, plain_outputs
+
+from sgl_dspark.step import accept_on_device
+
+pytestmark = pytest.mark.gpu
+ALL_GREEDY = ((GREEDY, None),) * 3
+
+
+@pytest.mark.parametrize("preset, knobs", [("chain", {"lookup": True}), ("tree", {"lookup": True})])
+def test_the_step_on_cuda_decodes_what_plain_decoding_does(preset, knobs):
+    run = decode(knobs, preset, device="cuda")
+    assert run.outputs == plain_outputs(KINDS) and run.accepted_drafts > 0
+
+
+def test_greedy_acceptance_on_cuda_never_syncs_with_the_host():
+    checked = []
+
+    def no_sync(step, reqs, logits, sampler):
+        rows = dataclasses.replace(step.rows, **{f.name: getattr(step.rows, f.name).cuda()
+                                                 for f in dataclasses.fields(step.rows) if f.name != "width"})
+        on_device = dataclasses.replace(step, rows=rows)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = accept_on_device(on_device, reqs, logits, sampler, torch.Generator(), stride=step.rows.width)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        checked.append(out.accept_lens.device.type)
+
+    run = decode({"lookup": True}, "tree", device="cuda", kinds=ALL_GREEDY, on_step=no_sync)
+    assert run.outputs == plain_outputs(ALL_GREEDY) and checked and set(checked) == {"cuda"}

@@ -1,0 +1,136 @@
+"""The decode step (sgl_dspark.step) driven end to end by a fake forward and a real drafter, on a device of the
+caller's choosing (tests/unit/test_step.py on the CPU, tests/gpu/test_step_cuda.py on CUDA), against plain decoding of
+the same synthetic target.
+
+The target is a table: the logits after a token depend on the token and its position (mod 3), over a 12-token
+vocabulary; the drafter is a seeded random DSpark drafter, so it disagrees with the target most of the time and
+agrees some of it. The requests' prompts repeat themselves, so the lookup branch has chains to graft.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sgl_dspark.config import DEFAULT_PRESET, load_config
+from sgl_dspark.cost import from_measurements
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftWorkerUnavailable
+from sgl_dspark.draft_worker.local import LocalDraftClient
+from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.lookup import LookupRegistry
+from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
+from sgl_dspark.scheduler import StepResult, make_scheduler
+from sgl_dspark.seeded import seeded_choices
+from sgl_dspark.step import StepParts, StepRequest, accept, constrain, draft_and_plan, learn_lookup
+
+V = 12
+SLOTS = 128
+TOKENS = 24
+TABLE = torch.Generator().manual_seed(28)
+TARGET_LOGITS = 3.0 * torch.randn(3, V, V, generator=TABLE)  # [position % 3, token] -> next-token logits
+FEATURES = torch.randn(3, V, 64, generator=TABLE)  # [position % 3, token] -> the target's hidden states
+COST = from_measurements((1, 2, 4, 8, 16, 32), (0.020, 0.021, 0.022, 0.024, 0.030, 0.045))
+PROMPTS = ((3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1, 5), (7, 7, 2, 8, 7, 7, 2, 8, 7, 7), (5, 3, 5, 3, 5, 3))
+GREEDY, SEEDED = SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_p=0.95)
+KINDS = ((GREEDY, None), (GREEDY, None), (SEEDED, 1234))  # (sampling, sampling_seed) per request
+
+
+def drafter():
+    model, _ = random_drafter(tiny_hf_config(vocab_size=V, mask_token_id=V - 1, block_size=8, num_hidden_layers=1),
+                              seed=3)
+    return model
+
+
+DRAFTER = drafter()
+
+
+def features(tokens: list[int], positions: list[int]) -> torch.Tensor:
+    return FEATURES[torch.tensor(positions) % 3, torch.tensor(tokens)]
+
+
+def plain_outputs(kinds=KINDS) -> list[list[int]]:
+    """What plain decoding gives each request of the batch."""
+    sampler = SamplerBatch.of([k[0] for k in kinds])
+    return [plain(p, *k, sampler) for p, k in zip(PROMPTS, kinds)]
+
+
+def plain(prompt: tuple[int, ...], params: SamplingParams, seed: int | None, sampler: SamplerBatch) -> list[int]:
+    """Plain decoding of the table target in the same batch: a greedy request takes the batch's greedy choice, a
+    seeded one SGLang's seeded choice at each position."""
+    out = [prompt[-1]]
+    for _ in range(TOKENS):
+        position = len(prompt) + len(out) - 2
+        logits = TARGET_LOGITS[position % 3, out[-1]][None]
+        if seed is None:
+            out.append(int(greedy_choices(logits, sampler)[0]))
+        else:
+            out.append(int(seeded_choices(logits, params, seed, torch.tensor([position]), sampler.filtered)[0]))
+    return out[1:]
+
+
+class FlakyClient:
+    """The real local draft client, failing every `every`-th proposal as a dead draft worker would."""
+
+    def __init__(self, inner: LocalDraftClient, every: int):
+        self.inner, self.every, self.calls = inner, every, 0
+
+    def propose(self, batch):
+        self.calls += 1
+        if self.calls % self.every == 0:
+            raise DraftWorkerUnavailable("draft worker died", cause="dead")
+        return self.inner.propose(batch)
+
+    def write_context(self, update):
+        self.inner.write_context(update)
+
+
+@dataclass
+class Run:
+    outputs: list[list[int]]
+    faults: list[str] = field(default_factory=list)
+    accepted_drafts: int = 0  # draft tokens accepted over the run
+    lookup_tokens: int = 0
+    branching: int = 0  # verified blocks with a node of two or more children
+
+
+def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
+           kinds=KINDS, on_step=None) -> Run:
+    """The three requests decoded together through the step until each has TOKENS tokens after its prompt; the
+    verify logits live on `device` (the drafter runs on the CPU); on_step(step, reqs, logits, sampler) runs before
+    each step's acceptance."""
+    cfg = load_config(preset, overrides={"gate": False, **knobs})
+    client = LocalDraftClient(DRAFTER, cfg.draft_knobs(), len(PROMPTS) * SLOTS, 11)
+    if fail_every:
+        client = FlakyClient(client, fail_every)
+    lookup = LookupRegistry(cfg.lookup_knobs()) if cfg.lookup else None
+    run = Run([[p[-1]] for p in PROMPTS])
+    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, V, 1 + cfg.verify_nodes(DRAFTER.config.gamma),
+                      draft_failed=lambda exc: run.faults.append(exc.cause))
+    slots = [torch.arange(b * SLOTS, (b + 1) * SLOTS) for b in range(len(PROMPTS))]
+    for b, prompt in enumerate(PROMPTS):  # prefill: the prompt's features but its last token's (the anchor)
+        at = list(range(len(prompt) - 1))
+        client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), features(list(prompt[:-1]), at)))
+    sampler = SamplerBatch.of([k[0] for k in kinds])
+    generator = torch.Generator().manual_seed(0)  # sampled rows are verified on the host
+    table = TARGET_LOGITS.to(device)
+    while min(len(o) for o in run.outputs) <= TOKENS:
+        reqs = [StepRequest(f"r{b}", PROMPTS[b][:-1], tuple(run.outputs[b]), len(PROMPTS[b]) + len(run.outputs[b]) - 2,
+                            slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
+        step = draft_and_plan(parts, reqs)
+        logits = table[(step.rows.positions % 3).to(device), step.rows.tokens.to(device)]  # the fake verify forward
+        constrain(step, reqs, logits, V)
+        if on_step is not None:
+            on_step(step, reqs, logits, sampler)
+        verdict = accept(step, reqs, logits, sampler, generator, parts.stride)
+        run.lookup_tokens += learn_lookup(lookup, step, reqs, verdict.results)
+        parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
+        for b, (req, result) in enumerate(zip(reqs, verdict.results)):
+            emitted = result.emitted_tokens.tolist()
+            kept = [req.anchor, *emitted[:-1]]  # the rows whose features the drafter gets (the commit's)
+            at = list(range(req.seq_len, req.seq_len + len(kept)))
+            client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), features(kept, at)))
+            run.outputs[b] += emitted
+            run.accepted_drafts += len(emitted) - 1
+            tree = step.trees[b].tree
+            run.branching += len(set(tree.parents[1:].tolist())) < tree.size - 1
+    run.outputs = [o[1:TOKENS + 1] for o in run.outputs]
+    return run
