@@ -1,10 +1,11 @@
-"""Batched acceptance: every request's accepted path in one pass of tensor ops over the step's verify rows, on the
-logits' device, with no loop over requests and no host sync.
+"""Batched acceptance: every request's accepted path and emitted tokens in one pass of tensor ops over the step's
+verify rows, on the logits' device, with no loop over requests and no host sync.
 
-Owns the match rule of greedy verification for a whole step: a node is accepted when every node on its path from the
-root (itself included) carries its parent's choice and no elder sibling carries it too (the first matching child in
-index order, as `sgl_dspark.verify.verify_choices` walks it; that per-request walk is this module's oracle). Pure
-torch; must not import SGLang or run the target.
+Owns two rules, each the batched form of a per-request walk in `sgl_dspark.verify` (their oracle, tested draw for
+draw): the match rule (greedy and seeded requests: a node is accepted when every node on its path from the root,
+itself included, carries its parent's choice and no elder sibling carries it too, the first matching child in index
+order, as `verify_choices` walks it), and speculative sampling of chains (`verify_sampling` on a chain, fed with
+the same coins). Pure torch; must not import SGLang or run the target.
 """
 
 import torch
@@ -24,20 +25,71 @@ def match_paths(tokens: torch.Tensor, parents: torch.Tensor, ancestors: torch.Te
     root's choice 7, node 2 (7) is; node 2's choice 2 is the bonus -> accept_index [[0, 2, -1, -1]],
     tokens [[7, 2, 0, ...]], accept_lens [2].
     """
-    bs, w = tokens.shape
-    device = tokens.device
-    node = torch.arange(w, device=device)
-    real = node[None, :] < sizes.to(device)[:, None]
+    return path_rows(tokens, matched_path(tokens, parents, ancestors, sizes, choices), choices, stride)
+
+
+def matched_path(tokens: torch.Tensor, parents: torch.Tensor, ancestors: torch.Tensor, sizes: torch.Tensor,
+                 choices: torch.Tensor) -> torch.Tensor:
+    """As `match_paths` -> on_path [bs, w] bool: the root and the accepted nodes."""
+    w = tokens.shape[1]
+    node = torch.arange(w, device=tokens.device)
+    real = node[None, :] < sizes.to(tokens.device)[:, None]
     match = real & (tokens == choices.gather(1, parents.clamp_min(0)))  # [bs, w]: carries its parent's choice
     match[:, 0] = True
     elder = (parents[:, :, None] == parents[:, None, :]) & (node[None, None, :] < node[None, :, None])  # [bs, i, j]
     first = match & ~(elder & match[:, None, :]).any(-1)  # [bs, w]: the first matching child of its parent
-    on_path = (first[:, None, :] | ~ancestors).all(-1)  # [bs, w]: every node from the root to it is a first match
-    return _rows(tokens, on_path, choices, stride)
+    return (first[:, None, :] | ~ancestors).all(-1)  # [bs, w]: every node from the root to it is a first match
 
 
-def _rows(tokens: torch.Tensor, on_path: torch.Tensor, choices: torch.Tensor, stride: int) -> AcceptRows:
-    """tokens [bs, w], on_path [bs, w] bool (root True; ancestors before descendants) -> AcceptRows."""
+def sample_chains(tokens: torch.Tensor, sizes: torch.Tensor, probs: torch.Tensor, draft_probs: torch.Tensor,
+                  coins: torch.Tensor, bonus_coins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling of k chains at once (the chain case of `sgl_dspark.verify.verify_sampling`, same rule).
+
+    tokens [k, w] (node 0 the anchor), sizes [k] real nodes, probs [k, w, V] the target's distribution after each
+    node, draft_probs [k, w, V] the distribution each node's token was drawn from (row 0 unused), coins [k, w] and
+    bonus_coins [k] independent U(0, 1) draws (float64) -> (on_path [k, w] bool, bonus [k] int64).
+    Node i is accepted when every node before it was and coins[i] * q_i(x_i) < p_{i-1}(x_i); after the first
+    rejection, at node i, the bonus is drawn from normalize(max(0, p_{i-1} - q_i)), else from the last node's p; the
+    draw is the inverse CDF at bonus_coins. Rows are renormalised in float64, as the per-request verifier does.
+    Example: p after the root (.5, .5), chain [a, 0] with q = (1, 0), coin .7: .7 * 1 < .5 fails, node 1 is
+    rejected, the residual is (0, 1) and the bonus is token 1 whatever its coin.
+    """
+    w = tokens.shape[1]
+    p, q = _normalized(probs), _normalized(draft_probs)
+    drafted = tokens[:, 1:, None]
+    p_x = p[:, :-1].gather(-1, drafted)[..., 0]  # [k, w - 1]: p after node i - 1 at node i's token
+    q_x = q[:, 1:].gather(-1, drafted)[..., 0]
+    real = torch.arange(1, w, device=tokens.device)[None, :] < sizes.to(tokens.device)[:, None]
+    ok = real & (q_x > 0) & (coins[:, 1:] * q_x < p_x)
+    kept = ok.long().cumprod(1)  # [k, w - 1]: accepted, with every node before it
+    on_path = torch.cat([torch.ones_like(kept[:, :1]), kept], 1).bool()
+    last = kept.sum(1)  # [k] the last accepted node (0: the root)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    after = p[rows, last]  # [k, V]
+    rejected = (last + 1 < sizes.to(tokens.device))[:, None]  # a real node after the last accepted was tried
+    residual = (after - q[rows, (last + 1).clamp_max(w - 1)]).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    law = torch.where(rejected & (mass > 0), residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), after)
+    return on_path, inverse_cdf(law, bonus_coins)
+
+
+def inverse_cdf(law: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """law [k, V] (rows summing to 1), coins [k] in [0, 1) -> [k] int64: the first token whose cumulative mass
+    exceeds coin * total (never a token of mass 0). Example: law [[.2, 0, .8]], coin .5 -> [2]."""
+    cdf = law.cumsum(-1)
+    return torch.searchsorted(cdf, (coins[:, None] * cdf[:, -1:]).contiguous(), right=True)[:, 0].clamp_max(
+        law.shape[-1] - 1)
+
+
+def _normalized(rows: torch.Tensor) -> torch.Tensor:
+    """Rows as the float64 distributions they stand for; an all-zero row stays zero."""
+    rows = rows.double()
+    return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def path_rows(tokens: torch.Tensor, on_path: torch.Tensor, choices: torch.Tensor, stride: int) -> AcceptRows:
+    """tokens [bs, w], on_path [bs, w] bool (root True; ancestors before descendants), choices [bs, w] (the bonus
+    is the choice at the last node on the path) -> AcceptRows."""
     bs, w = tokens.shape
     device = tokens.device
     node = torch.arange(w, device=device)

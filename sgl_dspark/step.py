@@ -20,7 +20,7 @@ from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_
 from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.gate import Decision, Gate
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.acceptance import match_paths
+from sgl_dspark.acceptance import matched_path, path_rows, sample_chains
 from sgl_dspark.layout import AcceptRows, VerifyRows, pack_trees, verify_results, write_path
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
@@ -210,20 +210,48 @@ def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, 
 def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
                      generator: torch.Generator, stride: int) -> AcceptRows:
     """Requests whose token after each node is fixed without looking at the drafts (greedy; seeded, from
-    sgl_dspark.seeded) match it in one batched pass (sgl_dspark.acceptance) that reads nothing back to the host;
-    sampled ones go through rejection sampling with the verifier's draws from `generator` (the VERIFY stream,
-    sgl_dspark.streams), request after request, their rows on the host (as do a seeded request's)."""
+    sgl_dspark.seeded) match it, and sampled chains are accepted by speculative sampling with coins from `generator`
+    (the VERIFY stream, sgl_dspark.streams), in one batched pass (sgl_dspark.acceptance) that reads nothing back to
+    the host; a sampled tree (lookup siblings) goes through the per-request verifier after it, its rows on the host
+    (as are a seeded request's, for its choices)."""
     width = step.rows.width
     logits = logits.view(len(reqs), width, -1)
     device = logits.device
-    rows = match_paths(step.rows.tokens.view(-1, width).to(device), step.rows.parents.to(device),
-                       step.rows.mask.to(device), step.rows.sizes, target_choices(step, reqs, logits, sampler), stride)
+    tokens = step.rows.tokens.view(-1, width).to(device)
+    choices = target_choices(step, reqs, logits, sampler)
+    on_path = matched_path(tokens, step.rows.parents.to(device), step.rows.mask.to(device), step.rows.sizes, choices)
+    chains = [b for b, (g, r) in enumerate(zip(step.trees, reqs)) if drawn(r) and g.tree.is_chain]
+    if chains:
+        index = torch.tensor(chains, device=device)
+        coins = torch.rand(len(chains), width, generator=generator, dtype=torch.float64).to(device)  # drawn first
+        bonus_coins = torch.rand(len(chains), generator=generator, dtype=torch.float64).to(device)
+        paths, bonus = sample_chains(tokens[index], step.rows.sizes[chains], chain_probs(reqs, logits, sampler, chains),
+                                     draft_rows(step, chains, width).to(device), coins, bonus_coins)
+        on_path[index] = paths
+        last = (paths.long().sum(1) - 1)[:, None]
+        choices[index] = torch.zeros_like(choices[index]).scatter(1, last, bonus[:, None])
+    rows = path_rows(tokens, on_path, choices, stride)
     for b, (g, req) in enumerate(zip(step.trees, reqs)):
-        if drawn(req):
+        if drawn(req) and not g.tree.is_chain:
             n = g.tree.size
             write_path(rows, b, verify_sampling(g.tree, target_probs(logits[b, :n].float().cpu(), req.sampling,
                                                                        sampler), generator), width)
     return rows
+
+
+def chain_probs(reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
+                chains: list[int]) -> torch.Tensor:
+    """[k, width, V] the target's sampling distribution after each row of the chosen requests (padding rows too)."""
+    return torch.stack([target_probs(logits[b], reqs[b].sampling, sampler) for b in chains])
+
+
+def draft_rows(step: DecodeStep, chains: list[int], width: int) -> torch.Tensor:
+    """[k, width, V] each chosen request's draft-probability rows, zero-padded to the width."""
+    probs = [step.trees[b].tree.draft_probs for b in chains]
+    out = torch.zeros(len(chains), width, probs[0].shape[-1])
+    for i, p in enumerate(probs):
+        out[i, :p.shape[0]] = p
+    return out
 
 
 def drawn(req: StepRequest) -> bool:

@@ -103,7 +103,8 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         client = FlakyClient(client, fail_every)
     lookup = LookupRegistry(cfg.lookup_knobs()) if cfg.lookup else None
     run = Run([[p[-1]] for p in PROMPTS])
-    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, V, 1 + cfg.verify_nodes(DRAFTER.config.gamma),
+    stride = 1 + cfg.verify_nodes(DRAFTER.config.gamma)
+    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, V, stride,
                       draft_failed=lambda exc: run.faults.append(exc.cause))
     slots = [torch.arange(b * SLOTS, (b + 1) * SLOTS) for b in range(len(PROMPTS))]
     for b, prompt in enumerate(PROMPTS):  # prefill: the prompt's features but its last token's (the anchor)

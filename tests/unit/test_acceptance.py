@@ -6,14 +6,14 @@ import random
 import pytest
 import torch
 
-from sgl_dspark.acceptance import match_paths
+from sgl_dspark.acceptance import inverse_cdf, match_paths, sample_chains
 from sgl_dspark.graft import Grafted
 from sgl_dspark.layout import accept_rows, pack_trees, verify_results
-from sgl_dspark.sampling import SamplerBatch, SamplingParams
+from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.step import DecodeStep, StepRequest, accept, accept_on_device
 from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import VerifyInput, verify_batch, verify_choices
+from sgl_dspark.verify import verify_choices, verify_sampling
 
 
 def tree(tokens, parents, probs=None):
@@ -84,9 +84,54 @@ def test_results_read_back_from_the_rows_are_the_walks():
         assert result.emitted_tokens.tolist() == walk.emitted_tokens.tolist() and result.last_node == walk.last_node
 
 
+class Replay:
+    """The per-request verifier's draws (sgl_dspark.verify.Draws) replayed from given coins: the i-th acceptance test
+    reads coins[i + 1] (node i + 1's), the bonus is the inverse CDF at `bonus`."""
+
+    def __init__(self, coins: torch.Tensor, bonus: torch.Tensor):
+        self.coins, self.bonus, self.used = coins.tolist(), bonus, 1
+
+    def accept(self, p_x, q_x) -> bool:
+        u, self.used = self.coins[self.used], self.used + 1
+        return bool(u * q_x < p_x)
+
+    def sample(self, p) -> int:
+        return int(inverse_cdf(p[None], self.bonus[None])[0])
+
+
+def test_a_rejection_draws_the_bonus_from_the_residual():
+    """p after the root (.5, .5); node 1 drafted token 0 with q = (1, 0); coin .7: .7 * 1 < .5 fails, so the bonus
+    comes from normalize(max(0, p - q)) = (0, 1) whatever its coin."""
+    on_path, bonus = sample_chains(torch.tensor([[1, 0]]), torch.tensor([2]), torch.tensor([[[.5, .5], [.9, .1]]]),
+                                   torch.tensor([[[0., 0.], [1., 0.]]]), torch.tensor([[0., .7]], dtype=torch.float64),
+                                   torch.tensor([0.01], dtype=torch.float64))
+    assert on_path.tolist() == [[True, False]] and bonus.tolist() == [1]
+    assert inverse_cdf(torch.tensor([[.2, 0., .8]]), torch.tensor([.5])).tolist() == [2]
+
+
+def test_sampled_chains_accept_as_the_per_request_verifier_fed_the_same_coins():
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(200):
+        k, w, vocab = 3, 5, 4
+        sizes = torch.randint(1, w + 1, (k,), generator=gen)
+        probs = torch.softmax(2 * torch.randn(k, w, vocab, generator=gen), -1)
+        q = torch.softmax(2 * torch.randn(k, w, vocab, generator=gen), -1)
+        tokens = torch.multinomial(q.view(-1, vocab), 1, generator=gen).view(k, w)
+        coins = torch.rand(k, w, generator=gen, dtype=torch.float64)
+        bonus_coins = torch.rand(k, generator=gen, dtype=torch.float64)
+        on_path, bonus = sample_chains(tokens, sizes, probs, q, coins, bonus_coins)
+        for b in range(k):
+            n = int(sizes[b])
+            chain = DraftTree.chain(tokens[b, :n], torch.ones(n), q[b, :n])
+            walk = verify_sampling(chain, probs[b, :n], Replay(coins[b], bonus_coins[b]))
+            assert on_path[b].nonzero().flatten().tolist() == [0, *walk.accepted_nodes.tolist()]
+            assert int(bonus[b]) == walk.bonus_token
+
+
 def test_a_mixed_step_accepts_as_the_per_request_verifier_with_the_same_draws():
-    """Greedy, seeded and sampled requests (chains and a tree with a one-hot sibling) in one step: the step's accept
-    stage gives the rows and draws the oracle (verify_batch, request after request, one generator) gives."""
+    """Greedy, seeded and sampled requests (a chain, and a tree with a one-hot sibling) in one step: the step's accept
+    stage gives the rows the per-request verifier gives, the chain fed the coins the step draws first from the
+    generator, the tree then drawing from the same generator."""
     vocab, width = 6, 4
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4 * width, vocab, generator=gen) * 2
@@ -104,18 +149,25 @@ def test_a_mixed_step_accepts_as_the_per_request_verifier_with_the_same_draws():
     reqs = [StepRequest(f"r{b}", [1], [t.tokens[0]], n, torch.arange(n), p, s)
             for b, (t, p, s, n) in enumerate(zip(trees, params, seeds, [5, 7, 9, 3]))]
     sampler = SamplerBatch.of(params)
-    for seed in range(20):
+    accepted = set()
+    for seed in range(40):
         verdict = accept(step, reqs, logits.clone(), sampler, torch.Generator().manual_seed(seed), stride=5)
-        inputs = [VerifyInput(t, logits[b * width:b * width + t.size], p, None, sampler)
-                  for b, (t, p) in enumerate(zip(trees, params))]
-        inputs[3] = VerifyInput(trees[3], logits[12:14], params[3],
-                                seeded_choices(logits[12:14], params[3], 11, rows.positions[12:14], sampler.filtered),
-                                sampler)
-        oracle = accept_rows(verify_batch(inputs, torch.Generator().manual_seed(seed)), width, 5)
+        draws = torch.Generator().manual_seed(seed)
+        coins = torch.rand(1, width, generator=draws, dtype=torch.float64)
+        bonus = torch.rand(1, generator=draws, dtype=torch.float64)
+        rows_of = [logits[b * width:b * width + t.size] for b, t in enumerate(trees)]
+        oracle = accept_rows([
+            verify_choices(trees[0], greedy_choices(rows_of[0], sampler)),
+            verify_sampling(trees[1], target_probs(rows_of[1], params[1], sampler), Replay(coins[0], bonus[0])),
+            verify_sampling(trees[2], target_probs(rows_of[2], params[2], sampler), draws),
+            verify_choices(trees[3], seeded_choices(rows_of[3], params[3], 11, rows.positions[12:14],
+                                                    sampler.filtered))], width, 5)
         assert torch.equal(verdict.rows.accept_index, oracle.accept_index)
         assert torch.equal(verdict.rows.tokens, oracle.tokens)
         assert torch.equal(verdict.rows.accept_lens, oracle.accept_lens)
         assert [r.tau for r in verdict.results] == oracle.accept_lens.tolist()
+        accepted |= {(b, int(n)) for b, n in enumerate(oracle.accept_lens)}
+    assert {(1, 1), (1, 2), (2, 1)} <= accepted  # the sampled requests both accept and reject over the seeds
 
 
 @pytest.mark.parametrize("sampler", [SamplerBatch(True, False, None), SamplerBatch(False, True, None)],

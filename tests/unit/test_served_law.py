@@ -13,11 +13,14 @@ chains; tests/unit/test_exact_law.py enumerates the other shapes and the gate ex
 The drafter is a seeded random DSpark drafter sharing the target's (random) embedding and LM head, so it
 disagrees with the target: about half the steps accept none of its drafts.
 
-Measured (2026-12-04, `pytest tests/unit/test_served_law.py`, figures printed by the same functions): smallest
-p-value over the 11 tests of a request: 0.40 (plain T=1), 0.080 (top-k/top-p/min-p), 0.090 (penalties), 0.090
-(grammar). Control: the same step with both generators seeded alike (`torch.Generator().manual_seed(seed)`, as
-the worker seeded them before issue 27), 1,000 seeds: p = 2.5e-9 at the first position and 3.2e-13 on the
-second/third pair of the T=1 request, 7.8e-4 at the first position of the filtered one; it must fall under 1e-9.
+Measured (2026-12-04, `python tests/unit/test_served_law.py`, which prints these), with acceptance batched
+(sgl_dspark.acceptance: about half the sampled blocks are chains, accepted by the batched speculative sampling, the
+others trees with lookup siblings, through the per-request verifier): smallest p-value over the 11 tests of a
+request: 0.14 (plain T=1), 0.27 (top-k/top-p/min-p), 0.11 (penalties), 0.074 (grammar); with the per-request
+verifier for every block (the commit before): 0.40, 0.080, 0.090, 0.090. Control: the same step with both
+generators seeded alike (`torch.Generator().manual_seed(seed)`, as the worker seeded them before issue 27), 1,000
+seeds: p = 6.7e-35 at the first position of the T=1 request, 1.1e-22 on the second/third pair of the filtered one
+(3.2e-13 and 7.8e-4 with the per-request verifier); it must fall under 1e-9.
 """
 
 import functools
