@@ -2,7 +2,8 @@
 
 The flashinfer-python wheel (65 MB) is trimmed to what FlashInfer's JIT build of its fa2 prefill and packbits kernels
 reads: the Python package (its .py files and small data files), data/include, the top-level files of data/csrc,
-data/spdlog and the CCCL headers (cub, libcudacxx). It travels as one .tar.xz, with the wheels of FlashInfer's
+data/spdlog and the CCCL headers (cub, thrust, libcudacxx: thrust from the same release as cub, since CUDA 13's own
+thrust refuses another release's cub with an #error). It travels as one .tar.xz, with the wheels of FlashInfer's
 imports that a bare torch machine may lack beside it (`WHEELS`: check.py installs those it cannot import). Runs
 here, where pip reaches the package index; `check.py` unpacks it there.
 """
@@ -22,8 +23,12 @@ MANIFEST = "manifest.json"
 DROPPED = "flashinfer-dropped.txt"  # inside the tar: the wheel's files the trimmed copy leaves out, one a line
 PYNVML = "nvidia-ml-py"  # FlashInfer imports pynvml; pure Python, unpinned (only installed where missing)
 DATA = "flashinfer/data/"
-DATA_TREES = ("include/", "spdlog/", "cccl/cub/cub/", "cccl/libcudacxx/include/")
+DATA_TREES = ("include/", "spdlog/", "cccl/cub/cub/", "cccl/thrust/thrust/", "cccl/libcudacxx/include/")
 PACKAGE_FILES = (".py", ".json", "py.typed")
+GEMMA = "sgl_dspark/drafters/gemma-3-270m/model.safetensors"  # 33.5 MiB tracked; tests/gpu does not read it
+UNTRACK_HINT = (f"the pack itself is complete. For the device call only, leave the Gemma-3 drafter behind: "
+                f"`git rm -q --cached {GEMMA} && echo /{GEMMA} >> .git/info/exclude`; right after it, "
+                f"`git reset -q HEAD -- {GEMMA}` and delete that line from .git/info/exclude")
 
 
 def keep(name: str) -> bool:
@@ -116,7 +121,7 @@ def main() -> None:
           f"{', '.join(w.name for w in wheels.values())}); with the working tree {travel_mib:.1f} MiB travel")
     if pack_mib > args.max_mib or travel_mib > args.travel_mib:
         raise SystemExit(f"gpu-pack: too large: pack {pack_mib:.1f} MiB (limit {args.max_mib}), with the working "
-                         f"tree {travel_mib:.1f} MiB (limit {args.travel_mib})")
+                         f"tree {travel_mib:.1f} MiB (limit {args.travel_mib}); {UNTRACK_HINT}")
 
 
 if __name__ == "__main__":
