@@ -1,6 +1,7 @@
 """The decode step on CUDA (tests/step_harness.py: a table target whose verify logits live on the GPU, the real
-drafter): output identical to plain decoding, and a greedy batch's acceptance runs without a host sync (CUDA's sync
-debug mode set to error around it); the verdict then crosses to the host once."""
+drafter): output identical to plain decoding, sampled requests drawing as on the CPU, and a greedy batch's
+acceptance runs without a host sync (CUDA's sync debug mode set to error around it); the verdict then crosses to the
+host once."""
 
 import dataclasses
 
@@ -8,10 +9,12 @@ import pytest
 import torch
 from step_harness import GREEDY, KINDS, decode, plain_outputs
 
+from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.step import accept_on_device
 
 pytestmark = pytest.mark.gpu
 ALL_GREEDY = ((GREEDY, None),) * 3
+SAMPLED = ((GREEDY, None), (SamplingParams(temperature=0.8), None), (SamplingParams(temperature=1.0, top_k=5), None))
 
 
 @pytest.mark.parametrize("preset, knobs", [("chain", {"lookup": True}), ("tree", {"lookup": True})])
@@ -37,3 +40,12 @@ def test_greedy_acceptance_on_cuda_never_syncs_with_the_host():
 
     run = decode({"lookup": True}, "tree", device="cuda", kinds=ALL_GREEDY, on_step=no_sync)
     assert run.outputs == plain_outputs(ALL_GREEDY) and checked and set(checked) == {"cuda"}
+
+
+def test_sampled_requests_on_cuda_draw_what_they_draw_on_the_cpu():
+    """Sampled chains (batched speculative sampling) and trees (the per-request verifier) with the verify logits on
+    CUDA take the same coins from the same stream as on the CPU, so the outputs match (a float32 softmax differing in
+    the last bit could flip a coin at ~1e-7 per draw)."""
+    cpu = decode({"lookup": True}, "chain", kinds=SAMPLED)
+    gpu = decode({"lookup": True}, "chain", device="cuda", kinds=SAMPLED)
+    assert gpu.outputs == cpu.outputs and gpu.accepted_drafts > 0
