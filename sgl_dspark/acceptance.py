@@ -62,7 +62,7 @@ def sample_chains(tokens: torch.Tensor, sizes: torch.Tensor, probs: torch.Tensor
     real = torch.arange(1, w, device=tokens.device)[None, :] < sizes.to(tokens.device)[:, None]
     ok = real & (q_x > 0) & (coins[:, 1:] * q_x < p_x)
     kept = ok.long().cumprod(1)  # [k, w - 1]: accepted, with every node before it
-    on_path = torch.cat([torch.ones_like(kept[:, :1]), kept], 1).bool()
+    on_path = torch.cat([torch.ones(kept.shape[0], 1, dtype=torch.long, device=kept.device), kept], 1).bool()
     last = kept.sum(1)  # [k] the last accepted node (0: the root)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     after = p[rows, last]  # [k, V]

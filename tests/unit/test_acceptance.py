@@ -109,10 +109,20 @@ def test_a_rejection_draws_the_bonus_from_the_residual():
     assert inverse_cdf(torch.tensor([[.2, 0., .8]]), torch.tensor([.5])).tolist() == [2]
 
 
+def test_a_step_of_lone_anchors_draws_each_bonus_from_the_target():
+    """Width 1 (nothing drafted anywhere, e.g. --speculative-dspark-max-verify 0): every sampled request's token is
+    the inverse CDF of its target row."""
+    on_path, bonus = sample_chains(torch.tensor([[3], [1]]), torch.tensor([1, 1]), torch.tensor([[[.1, .2, .7]],
+                                                                                                 [[.5, .5, 0.]]]),
+                                   torch.zeros(2, 1, 3), torch.rand(2, 1, dtype=torch.float64),
+                                   torch.tensor([0.35, 0.75], dtype=torch.float64))
+    assert on_path.tolist() == [[True], [True]] and bonus.tolist() == [2, 1]
+
+
 def test_sampled_chains_accept_as_the_per_request_verifier_fed_the_same_coins():
     gen = torch.Generator().manual_seed(5)
     for _ in range(200):
-        k, w, vocab = 3, 5, 4
+        k, w, vocab = 3, int(torch.randint(1, 6, (), generator=gen)), 4
         sizes = torch.randint(1, w + 1, (k,), generator=gen)
         probs = torch.softmax(2 * torch.randn(k, w, vocab, generator=gen), -1)
         q = torch.softmax(2 * torch.randn(k, w, vocab, generator=gen), -1)
