@@ -11,6 +11,7 @@ the same coins). Pure torch; must not import SGLang or run the target.
 import torch
 
 from sgl_dspark.layout import AcceptRows
+from sgl_dspark.verify import normalized, residual
 
 
 def match_paths(tokens: torch.Tensor, parents: torch.Tensor, ancestors: torch.Tensor, sizes: torch.Tensor,
@@ -55,7 +56,7 @@ def sample_chains(tokens: torch.Tensor, sizes: torch.Tensor, probs: torch.Tensor
     rejected, the residual is (0, 1) and the bonus is token 1 whatever its coin.
     """
     w = tokens.shape[1]
-    p, q = _normalized(probs), _normalized(draft_probs)
+    p, q = normalized(probs), normalized(draft_probs)
     drafted = tokens[:, 1:, None]
     p_x = p[:, :-1].gather(-1, drafted)[..., 0]  # [k, w - 1]: p after node i - 1 at node i's token
     q_x = q[:, 1:].gather(-1, drafted)[..., 0]
@@ -67,9 +68,7 @@ def sample_chains(tokens: torch.Tensor, sizes: torch.Tensor, probs: torch.Tensor
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     after = p[rows, last]  # [k, V]
     rejected = (last + 1 < sizes.to(tokens.device))[:, None]  # a real node after the last accepted was tried
-    residual = (after - q[rows, (last + 1).clamp_max(w - 1)]).clamp_min(0.0)
-    mass = residual.sum(-1, keepdim=True)
-    law = torch.where(rejected & (mass > 0), residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), after)
+    law = torch.where(rejected, residual(after, q[rows, (last + 1).clamp_max(w - 1)]), after)
     return on_path, inverse_cdf(law, bonus_coins)
 
 
@@ -79,12 +78,6 @@ def inverse_cdf(law: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     cdf = law.cumsum(-1)
     return torch.searchsorted(cdf, (coins[:, None] * cdf[:, -1:]).contiguous(), right=True)[:, 0].clamp_max(
         law.shape[-1] - 1)
-
-
-def _normalized(rows: torch.Tensor) -> torch.Tensor:
-    """Rows as the float64 distributions they stand for; an all-zero row stays zero."""
-    rows = rows.double()
-    return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
 
 
 def path_rows(tokens: torch.Tensor, on_path: torch.Tensor, choices: torch.Tensor, stride: int) -> AcceptRows:

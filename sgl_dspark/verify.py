@@ -155,7 +155,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor,
     """
     draws = as_draws(generator)
     if tree.size == 1:
-        return _result(tree, [], draws.sample(_normalized(probs[0])))
+        return _result(tree, [], draws.sample(normalized(probs[0])))
     if tree.draft_probs is None:
         raise ValueError("verify_sampling: the tree has no draft_probs (only greedy verification is possible)")
     if tree.draft_probs.shape != probs.shape:
@@ -164,7 +164,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor,
     tokens = tree.tokens.tolist()
 
     def step(node: int, kids: list[int]) -> tuple[int | None, int | None]:
-        return _try_children(_normalized(probs[node]), kids, tokens, tree.draft_probs, draws)
+        return _try_children(normalized(probs[node]), kids, tokens, tree.draft_probs, draws)
 
     return _walk(tree, step)
 
@@ -178,13 +178,13 @@ def kv_split(result: VerifyResult, tree_size: int) -> KvSplit:
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """p, q [V] (float64, each summing to 1) -> normalize(max(0, p - q)); p itself only when that has no mass at all
-    (p == q up to float64 rounding, so the rejection that led here had probability ~1e-16). Any positive mass is
-    used as it is: a threshold would draw from p where the law needs the residual (p = (.5 + 4e-7, .5 - 4e-7),
-    q = (.5, .5) must give token 0 after a rejection, always)."""
+    """p, q [..., V] (float64, each row summing to 1) -> normalize(max(0, p - q)) per row; p itself only where that
+    has no mass at all (p == q up to float64 rounding, so the rejection that led here had probability ~1e-16). Any
+    positive mass is used as it is: a threshold would draw from p where the law needs the residual
+    (p = (.5 + 4e-7, .5 - 4e-7), q = (.5, .5) must give token 0 after a rejection, always)."""
     r = (p - q).clamp_min(0.0)
-    mass = r.sum()
-    return r / mass if mass > 0 else p
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp_min(torch.finfo(r.dtype).tiny), p)
 
 
 def children(parents: torch.Tensor) -> list[list[int]]:
@@ -211,7 +211,7 @@ def _try_children(p: torch.Tensor, kids: list[int], tokens: list[int], draft_pro
                   draws: Draws) -> tuple[int | None, int | None]:
     """p [V] float64 at one node -> (accepted child, None), or (None, bonus drawn from the final residual)."""
     for c in kids:
-        q = _normalized(draft_probs[c])
+        q = normalized(draft_probs[c])
         x = tokens[c]
         if not q[x] > 0:  # also a NaN row (no mass)
             raise ValueError(f"verify_sampling: node {c} has token {x} with draft probability 0")
@@ -221,11 +221,11 @@ def _try_children(p: torch.Tensor, kids: list[int], tokens: list[int], draft_pro
     return None, draws.sample(p)
 
 
-def _normalized(p: torch.Tensor) -> torch.Tensor:
-    """A float32 row as the float64 distribution it stands for (what multinomial draws from): its float32 sum
-    is 1 only to ~1e-7, which would bias the residual by as much."""
+def normalized(p: torch.Tensor) -> torch.Tensor:
+    """Float32 rows [..., V] as the float64 distributions they stand for (what multinomial draws from): a float32
+    row sums to 1 only to ~1e-7, which would bias the residual by as much. An all-zero row stays zero."""
     p = p.double()
-    return p / p.sum()
+    return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
 
 
 def _accepts(p_x: torch.Tensor, q_x: torch.Tensor, generator: torch.Generator | None) -> bool:
