@@ -26,8 +26,9 @@ from sgl_dspark.tree import DraftTree  # noqa: E402
 from sgl_dspark.verify import VerifyInput, verify_batch  # noqa: E402
 
 
-def case(batch: int, width: int, vocab: int, sampled: bool, device: str):
-    """A step of `batch` chains of `width` rows and its verify logits on `device`."""
+def case(batch: int, width: int, vocab: int, sampled: bool, device: str, rows_on: str = "cpu"):
+    """A step of `batch` chains of `width` rows and its verify logits on `device`; the draft-probability rows of
+    sampled chains on `rows_on` (the host, as a CPU drafter makes them, or the device, as a drafter there does)."""
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=0.8) if sampled else SamplingParams(temperature=0.0)
     trees = []
@@ -38,7 +39,7 @@ def case(batch: int, width: int, vocab: int, sampled: bool, device: str):
             probs = torch.zeros(width, vocab)
             probs[torch.arange(1, width), tokens[1:]] = 0.5
             probs[1:] += 0.5 / vocab
-        trees.append(DraftTree.chain(tokens, torch.ones(width), probs))
+        trees.append(DraftTree.chain(tokens, torch.ones(width), None if probs is None else probs.to(rows_on)))
     seq_lens = [100] * batch
     rows = pack_trees(trees, seq_lens, width)
     step = DecodeStep([Grafted.plain(t) for t in trees], [width - 1] * batch, [True] * batch, rows, seq_lens)
@@ -86,12 +87,18 @@ def main() -> None:
         for batch in args.batches:
             step, reqs, logits, sampler = case(batch, args.width, args.vocab, sampled, args.device)
             row = {"sampling": "sampled" if sampled else "greedy", "batch": batch, "width": args.width,
-                   "vocab": args.vocab, "device": args.device,
+                   "vocab": args.vocab, "device": args.device, "draft_rows": "host",
                    "batched": timed(batched, (step, reqs, logits, sampler, args.width), args.device, args.repeats),
                    "per_request": timed(per_request, (step, reqs, logits, sampler, args.width), args.device,
                                         args.repeats)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if sampled and args.device != "cpu":  # the drafter on the device: its rows never cross (batched only)
+                step, reqs, logits, sampler = case(batch, args.width, args.vocab, sampled, args.device, args.device)
+                row = {**row, "draft_rows": "device", "per_request": None,
+                       "batched": timed(batched, (step, reqs, logits, sampler, args.width), args.device, args.repeats)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -153,7 +153,7 @@ def _finish(tree: DraftTree, b: _Builder, stats: LookupStats) -> Grafted:
     conf[proposed] = torch.maximum(conf[proposed], stats.conf(group[proposed], depths(parents)[proposed]))
     probs = tree.draft_probs
     if probs is not None and new:
-        extra = torch.zeros(new, probs.shape[1], dtype=probs.dtype)
+        extra = torch.zeros(new, probs.shape[1], dtype=probs.dtype, device=probs.device)
         extra[torch.arange(new), torch.tensor(b.tokens[n:])] = 1.0
         probs = torch.cat([probs, extra])
     grafted = DraftTree(torch.tensor(b.tokens, dtype=tree.tokens.dtype), parents, conf, probs)

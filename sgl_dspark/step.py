@@ -7,6 +7,7 @@ served-path law test (tests/unit/test_served_law.py) calls the same functions ar
 SGLang's (its Req and batch, the KV pools, the forward, custom logit processors, logprobs) stays in the worker.
 """
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -226,7 +227,7 @@ def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torc
         coins = torch.rand(len(chains), width, generator=generator, dtype=torch.float64).to(device)  # drawn first
         bonus_coins = torch.rand(len(chains), generator=generator, dtype=torch.float64).to(device)
         paths, bonus = sample_chains(tokens[index], step.rows.sizes[chains], chain_probs(reqs, logits, sampler, chains),
-                                     draft_rows(step, chains, width).to(device), coins, bonus_coins)
+                                     draft_rows(step, chains, width, device), coins, bonus_coins)
         on_path[index] = paths
         last = (paths.long().sum(1) - 1)[:, None]
         choices[index] = torch.zeros_like(choices[index]).scatter(1, last, bonus[:, None])
@@ -234,8 +235,9 @@ def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torc
     for b, (g, req) in enumerate(zip(step.trees, reqs)):
         if drawn(req) and not g.tree.is_chain:
             n = g.tree.size
-            write_path(rows, b, verify_sampling(g.tree, target_probs(logits[b, :n].float().cpu(), req.sampling,
-                                                                       sampler), generator), width)
+            tree = dataclasses.replace(g.tree, draft_probs=g.tree.draft_probs.cpu())
+            write_path(rows, b, verify_sampling(tree, target_probs(logits[b, :n].float().cpu(), req.sampling, sampler),
+                                                generator), width)
     return rows
 
 
@@ -245,10 +247,11 @@ def chain_probs(reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: Samp
     return torch.stack([target_probs(logits[b], reqs[b].sampling, sampler) for b in chains])
 
 
-def draft_rows(step: DecodeStep, chains: list[int], width: int) -> torch.Tensor:
-    """[k, width, V] each chosen request's draft-probability rows, zero-padded to the width."""
+def draft_rows(step: DecodeStep, chains: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """[k, width, V] on `device` (the logits'): each chosen request's draft-probability rows, zero-padded to the
+    width (a drafter on that device made them there: no host copy)."""
     probs = [step.trees[b].tree.draft_probs for b in chains]
-    out = torch.zeros(len(chains), width, probs[0].shape[-1])
+    out = torch.zeros(len(chains), width, probs[0].shape[-1], device=device)
     for i, p in enumerate(probs):
         out[i, :p.shape[0]] = p
     return out

@@ -15,6 +15,7 @@ from sgl_dspark.config import DEFAULT_PRESET, load_config
 from sgl_dspark.cost import from_measurements
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftWorkerUnavailable
 from sgl_dspark.draft_worker.local import LocalDraftClient
+from sgl_dspark.drafter import TargetWeights
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
@@ -34,9 +35,14 @@ GREEDY, SEEDED = SamplingParams(temperature=0.0), SamplingParams(temperature=0.9
 KINDS = ((GREEDY, None), (GREEDY, None), (SEEDED, 1234))  # (sampling, sampling_seed) per request
 
 
-def drafter():
+def drafter(device: str = "cpu"):
+    """The seeded drafter on `device`, borrowing its target's tables there (as the server's drafter borrows the
+    target's)."""
     model, _ = random_drafter(tiny_hf_config(vocab_size=V, mask_token_id=V - 1, block_size=8, num_hidden_layers=1),
                               seed=3)
+    if device != "cpu":
+        target = model.target
+        model.to(device).attach_target(TargetWeights(target.embed.to(device), target.lm_head.to(device)))
     return model
 
 
@@ -93,12 +99,12 @@ class Run:
 
 
 def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
-           kinds=KINDS, on_step=None) -> Run:
+           kinds=KINDS, on_step=None, drafter_on=DRAFTER) -> Run:
     """The three requests decoded together through the step until each has TOKENS tokens after its prompt; the
-    verify logits live on `device` (the drafter runs on the CPU); on_step(step, reqs, logits, sampler) runs before
-    each step's acceptance."""
+    verify logits live on `device`, the drafter's work on its own (drafter_on: DRAFTER on the CPU, or
+    drafter(device)); on_step(step, reqs, logits, sampler) runs before each step's acceptance."""
     cfg = load_config(preset, overrides={"gate": False, **knobs})
-    client = LocalDraftClient(DRAFTER, cfg.draft_knobs(), len(PROMPTS) * SLOTS, 11)
+    client = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(PROMPTS) * SLOTS, 11)
     if fail_every:
         client = FlakyClient(client, fail_every)
     lookup = LookupRegistry(cfg.lookup_knobs()) if cfg.lookup else None

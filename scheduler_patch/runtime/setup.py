@@ -54,28 +54,33 @@ class WorkerSetup:
             from sgl_dspark.draft_worker.local import GuardedDraftClient, LocalDraftClient
             from sgl_dspark.drafter import load_drafter
 
-            dtype = getattr(torch, self.draft_dtype)
-            # the drafter runs on the CPU and borrows the target's own tables there (no copy for a CPU target): it
+            dtype = getattr(torch, self.draft_dtype(self.device))
+            # the drafter runs on the target's device and borrows the target's own tables there (no copy): it
             # casts the rows it looks up, and keeps only its draft vocabulary's LM-head rows in its own dtype
-            weights = TargetWeights(self.target_weights.embed.to("cpu"), self.target_weights.lm_head.to("cpu"))
-            drafter = load_drafter(launch.drafter_path, self.target, weights, dtype)
-            if self.config.cpu_gemm == "onednn" and onednn_available():
+            drafter = load_drafter(launch.drafter_path, self.target, self.target_weights, dtype, self.device)
+            if self.device.type == "cpu" and self.config.cpu_gemm == "onednn" and onednn_available():
                 pack_drafter(drafter)
             return GuardedDraftClient(LocalDraftClient(drafter, launch.draft_knobs, num_slots,
                                                         stream_seed(random_seed, DRAFT)))
         from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings
 
         gemm = self.config.cpu_gemm if onednn_available() else "native"  # the kernel only: same drafts
+        dtype = self.draft_dtype(torch.device("cpu"))  # the worker process drafts on the CPU
         return ProcessDraftClient(WorkerSettings(launch.drafter_path, self.target_path, self.target,
                                                  launch.draft_knobs, num_slots, seed=random_seed,
-                                                 dtype=self.draft_dtype, gemm=gemm, drafter_config=launch.drafter))
+                                                 dtype=dtype, gemm=gemm, drafter_config=launch.drafter))
 
     @property
-    def draft_dtype(self) -> str:
-        """The draft_dtype knob, "auto" resolved for this CPU."""
+    def device(self) -> torch.device:
+        """Where the target's weights are: the in-process drafter runs there too."""
+        return self.target_weights.embed.device
+
+    def draft_dtype(self, device: torch.device) -> str:
+        """The draft_dtype knob, "auto" resolved for the drafter's device: bfloat16 on an accelerator, and on a CPU
+        that runs it fast."""
         if self.config.draft_dtype != "auto":
             return self.config.draft_dtype
-        return "bfloat16" if cpu_bf16_fast() else "float32"
+        return "bfloat16" if device.type != "cpu" or cpu_bf16_fast() else "float32"
 
 
 def prior_cost_table() -> StepCostTable:

@@ -173,7 +173,7 @@ class DSparkWorker(BaseSpecWorker):
 
     def write_context(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
         try:
-            self.client.write_context(ContextUpdate(slots.cpu().long(), positions.cpu(), features.detach().cpu()))
+            self.client.write_context(ContextUpdate(slots.long(), positions, features.detach()))  # where they are
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 

@@ -46,7 +46,8 @@ class ShmFull(DraftWorkerUnavailable):
 
 @dataclass(frozen=True)
 class ContextUpdate:
-    """New context tokens: their target features, stored at their KV slots."""
+    """New context tokens: their target features, stored at their KV slots. The tensors may live on any device
+    (the target's): each client moves them where its drafter runs."""
 
     slots: torch.Tensor  # [T] int64 target KV slot ids
     positions: torch.Tensor  # [T] int64 absolute positions

@@ -1,4 +1,5 @@
-"""The in-process draft client: a slot-indexed store of context K/V rows plus the Proposer.
+"""The in-process draft client: a slot-indexed store of context K/V rows plus the Proposer, on the drafter's device
+(the target's, in SGLang's process: features, context rows and draft-probability rows never cross to the host).
 
 Also the engine the draft-worker process runs, so both paths draft identically. In SGLang's own process it runs
 behind `GuardedDraftClient`, which turns any drafter exception into the same DraftWorkerUnavailable the worker
@@ -22,15 +23,23 @@ class SlotContextStore:
     def __init__(self, drafter: DSparkDrafter, num_slots: int) -> None:
         cfg = drafter.config
         shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, cfg.head_dim)
-        dtype = next(drafter.parameters()).dtype
-        self.pool = ContextKV(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        weight = next(drafter.parameters())
+        self.pool = ContextKV(torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+                              torch.zeros(shape, dtype=weight.dtype, device=weight.device))
         self.drafter = drafter
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.keys.device
 
     @torch.inference_mode()
     def write(self, update: ContextUpdate) -> None:
-        rows = self.drafter.context_kv(update.features.to(self.pool.keys.dtype), update.positions)
-        self.pool.keys[:, update.slots] = rows.keys
-        self.pool.values[:, update.slots] = rows.values
+        """Rows from features wherever they are (the target's device: no copy when the drafter is there too)."""
+        features = update.features.to(self.device, self.pool.keys.dtype)
+        rows = self.drafter.context_kv(features, update.positions.to(self.device))
+        slots = update.slots.to(self.device)
+        self.pool.keys[:, slots] = rows.keys
+        self.pool.values[:, slots] = rows.values
 
     def gather(self, slots: tuple[torch.Tensor, ...]):
         return gather_padded(self.pool, slots)
@@ -41,7 +50,7 @@ class LocalDraftClient:
         """seed: the drafter's stream seed (sgl_dspark.streams.stream_seed(--random-seed, DRAFT, start))."""
         self.store = SlotContextStore(drafter, num_slots)
         self.proposer = Proposer(drafter, knobs)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(self.store.device).manual_seed(seed)  # on the drafter's device
         self.ahead_hits = 0
         self.generation = 0  # in-process: never restarted
         self.worker_drafted = 0  # draft nodes produced (anchors excluded); the worker process reports this one
@@ -51,8 +60,9 @@ class LocalDraftClient:
         self.store.write(update)
 
     def propose(self, batch: DraftBatch) -> list[DraftTree]:
-        inp = ProposeInput(self.store.gather(batch.context_slots), batch.anchors, batch.anchor_positions,
-                           batch.sampling, self.generator)
+        device = self.store.device
+        inp = ProposeInput(self.store.gather(batch.context_slots), batch.anchors.to(device),
+                           batch.anchor_positions.to(device), batch.sampling, self.generator)
         out = self.proposer.propose(inp)
         self.worker_drafted += sum(out.draft_lengths)
         return list(out.trees)

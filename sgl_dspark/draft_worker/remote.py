@@ -180,10 +180,11 @@ class ProcessDraftClient:
     def write_context(self, update: ContextUpdate) -> None:
         with unavailable_on_error("write_context"):
             self._live()
+            slots = update.slots.cpu()  # the worker process drafts on the CPU: features cross to the host here
             with shm_errors(self.settings.shm_dir):
-                refs = self.requests.put_all([update.slots, update.positions, update.features])
+                refs = self.requests.put_all([slots, update.positions.cpu(), update.features.cpu()])
             self._call(WriteContext(*refs), self.settings.write_timeout_s, Ack)
-            self.ledger.mark(update.slots)
+            self.ledger.mark(slots)
 
     def propose(self, batch: DraftBatch) -> list[DraftTree]:
         with unavailable_on_error("propose"):

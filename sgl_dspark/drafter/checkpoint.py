@@ -75,8 +75,9 @@ def check_weights(drafter: DSparkDrafter, weights: dict[str, torch.Tensor]) -> N
 
 
 def load_drafter(path: str | Path, target: TargetSpec, weights: TargetWeights | None = None,
-                 dtype: torch.dtype = torch.float32) -> DSparkDrafter:
-    """Load a drafter directory unchanged, check it fits `target`, attach the target's weights if given."""
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> DSparkDrafter:
+    """Load a drafter directory unchanged onto `device`, check it fits `target`, attach the target's weights if
+    given (borrowed where they are: on `device` they are not copied)."""
     root = Path(path)
     config = read_drafter_config(root)
     check_fits_target(config, target)
@@ -89,7 +90,7 @@ def load_drafter(path: str | Path, target: TargetSpec, weights: TargetWeights | 
         check_draft_vocab(tensors["d2t"].long() + torch.arange(tensors["d2t"].shape[0]), config.vocab_size)
     tensors = {k: v.long() if k in _INTEGER_WEIGHTS else v.to(dtype) for k, v in tensors.items()}
     drafter.load_state_dict(tensors, strict=True)
-    drafter.eval().requires_grad_(False)
+    drafter.to(device).eval().requires_grad_(False)
     if weights is not None:
         drafter.attach_target(weights)
     return drafter

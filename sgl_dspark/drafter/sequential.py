@@ -69,9 +69,10 @@ class TreeBuilder:
 
     def build(self, vocab_size: int) -> DraftTree:
         probs = None
-        if self.probs is not None:
-            zero = torch.zeros(vocab_size)
-            probs = torch.stack([zero if p is None else p.float().cpu() for p in self.probs])
+        if self.probs is not None:  # on the drafter's device (the anchor's row is zeros)
+            device = next((p.device for p in self.probs if p is not None), torch.device("cpu"))
+            zero = torch.zeros(vocab_size, device=device)
+            probs = torch.stack([zero if p is None else p.float().to(device) for p in self.probs])
         return DraftTree(torch.tensor(self.tokens), torch.tensor(self.parents),
                          torch.tensor(self.conf, dtype=torch.float32), probs)
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from step_harness import GREEDY, KINDS, decode, plain_outputs
+from step_harness import GREEDY, KINDS, decode, drafter, plain_outputs
 
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.step import accept_on_device
@@ -49,3 +49,23 @@ def test_sampled_requests_on_cuda_draw_what_they_draw_on_the_cpu():
     cpu = decode({"lookup": True}, "chain", kinds=SAMPLED)
     gpu = decode({"lookup": True}, "chain", device="cuda", kinds=SAMPLED)
     assert gpu.outputs == cpu.outputs and gpu.accepted_drafts > 0
+
+
+@pytest.mark.parametrize("preset", ["chain", "tree"])
+def test_the_drafter_on_cuda_decodes_what_plain_decoding_does(preset):
+    """The drafter on the target's device, borrowing the target's tables there (as the server's in-process drafter
+    runs on a GPU): greedy and seeded requests give plain decoding's output."""
+    run = decode({"lookup": True}, preset, device="cuda", drafter_on=drafter("cuda"))
+    assert run.outputs == plain_outputs(KINDS) and run.accepted_drafts > 0
+
+
+def test_sampled_draft_rows_stay_on_cuda():
+    """With the drafter on CUDA a sampled request's draft-probability rows are made there and its chain is accepted
+    there (no host copy of [width, V] rows); the drafts themselves come from the drafter's CUDA stream."""
+    devices = []
+
+    def where(step, reqs, logits, sampler):
+        devices.extend(g.tree.draft_probs.device.type for g, r in zip(step.trees, reqs) if not r.sampling.is_greedy)
+
+    run = decode({"lookup": True}, "chain", device="cuda", kinds=SAMPLED, on_step=where, drafter_on=drafter("cuda"))
+    assert set(devices) == {"cuda"} and run.accepted_drafts > 0
