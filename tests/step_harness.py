@@ -2,11 +2,13 @@
 caller's choosing (tests/unit/test_step.py on the CPU, tests/gpu/test_step_cuda.py on CUDA), against plain decoding of
 the same synthetic target.
 
-The target is a table: the logits after a token depend on the token and its position (mod 3), over a 12-token
-vocabulary; the drafter is a seeded random DSpark drafter, so it disagrees with the target most of the time and
-agrees some of it. The requests' prompts repeat themselves, so the lookup branch has chains to graft.
+The default target is a table: the logits after a token depend on the token and its position (mod 3), over a
+12-token vocabulary; tests/torch_target.py has a small Llama-shaped one with a KV cache. The drafter is a seeded
+random DSpark drafter, so it disagrees with the target most of the time and agrees some of it. The requests' prompts
+repeat themselves, so the lookup branch has chains to graft.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -53,24 +55,47 @@ def features(tokens: list[int], positions: list[int]) -> torch.Tensor:
     return FEATURES[torch.tensor(positions) % 3, torch.tensor(tokens)]
 
 
-def plain_outputs(kinds=KINDS) -> list[list[int]]:
-    """What plain decoding gives each request of the batch."""
+class TableTarget:
+    """The table target: its logits and features are lookups by (position mod 3, token); nothing to cache."""
+
+    vocab = V
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.table = TARGET_LOGITS.to(device)
+
+    def prefill(self, b: int, tokens: Sequence[int]) -> torch.Tensor:
+        return features(list(tokens), list(range(len(tokens))))
+
+    def verify(self, rows, seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fake verify forward: (logits [bs * width, V] on the table's device, features [bs * width, F])."""
+        device = self.table.device
+        return self.table[(rows.positions % 3).to(device), rows.tokens.to(device)], FEATURES[rows.positions % 3,
+                                                                                               rows.tokens]
+
+    def commit(self, accepted) -> None:
+        pass
+
+    def plain(self, prompt: Sequence[int], tokens: int, choose) -> list[int]:
+        out = [prompt[-1]]
+        for _ in range(tokens):
+            position = len(prompt) + len(out) - 2
+            out.append(choose(TARGET_LOGITS[position % 3, out[-1]][None], position))
+        return out[1:]
+
+
+def plain_outputs(kinds=KINDS, target=None) -> list[list[int]]:
+    """What plain decoding of the target (the table by default) gives each request of the batch: a greedy request
+    takes the batch's greedy choice, a seeded one SGLang's seeded choice at each position."""
+    target = target or TableTarget()
     sampler = SamplerBatch.of([k[0] for k in kinds])
-    return [plain(p, *k, sampler) for p, k in zip(PROMPTS, kinds)]
 
-
-def plain(prompt: tuple[int, ...], params: SamplingParams, seed: int | None, sampler: SamplerBatch) -> list[int]:
-    """Plain decoding of the table target in the same batch: a greedy request takes the batch's greedy choice, a
-    seeded one SGLang's seeded choice at each position."""
-    out = [prompt[-1]]
-    for _ in range(TOKENS):
-        position = len(prompt) + len(out) - 2
-        logits = TARGET_LOGITS[position % 3, out[-1]][None]
+    def chooser(params: SamplingParams, seed: int | None):
         if seed is None:
-            out.append(int(greedy_choices(logits, sampler)[0]))
-        else:
-            out.append(int(seeded_choices(logits, params, seed, torch.tensor([position]), sampler.filtered)[0]))
-    return out[1:]
+            return lambda logits, position: int(greedy_choices(logits, sampler)[0])
+        return lambda logits, position: int(seeded_choices(logits.float().cpu(), params, seed,
+                                                           torch.tensor([position]), sampler.filtered)[0])
+
+    return [target.plain(p, TOKENS, chooser(*k)) for p, k in zip(PROMPTS, kinds)]
 
 
 class FlakyClient:
@@ -99,45 +124,50 @@ class Run:
 
 
 def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
-           kinds=KINDS, on_step=None, drafter_on=DRAFTER) -> Run:
-    """The three requests decoded together through the step until each has TOKENS tokens after its prompt; the
-    verify logits live on `device`, the drafter's work on its own (drafter_on: DRAFTER on the CPU, or
-    drafter(device)); on_step(step, reqs, logits, sampler) runs before each step's acceptance."""
+           kinds=KINDS, on_step=None, drafter_on=DRAFTER, target=None, prompts=PROMPTS, tokens: int = TOKENS,
+           seed: int = 0) -> Run:
+    """The requests (one per prompt, `kinds` their sampling) decoded together through the step until each has
+    `tokens` tokens after its prompt, against `target` (the table on `device` by default, or a
+    tests/torch_target.LlamaTarget), the drafter's work on its own device (drafter_on: DRAFTER on the CPU, or
+    drafter(device)); the verifier's stream seeded with `seed`; on_step(step, reqs, logits, sampler) runs before
+    each step's acceptance."""
+    target = target or TableTarget(device)
     cfg = load_config(preset, overrides={"gate": False, **knobs})
-    client = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(PROMPTS) * SLOTS, 11)
+    client = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(prompts) * SLOTS, 11)
     if fail_every:
         client = FlakyClient(client, fail_every)
     lookup = LookupRegistry(cfg.lookup_knobs()) if cfg.lookup else None
-    run = Run([[p[-1]] for p in PROMPTS])
-    stride = 1 + cfg.verify_nodes(DRAFTER.config.gamma)
-    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, V, stride,
+    run = Run([[p[-1]] for p in prompts])
+    stride = 1 + cfg.verify_nodes(drafter_on.config.gamma)
+    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, target.vocab, stride,
                       draft_failed=lambda exc: run.faults.append(exc.cause))
-    slots = [torch.arange(b * SLOTS, (b + 1) * SLOTS) for b in range(len(PROMPTS))]
-    for b, prompt in enumerate(PROMPTS):  # prefill: the prompt's features but its last token's (the anchor)
+    slots = [torch.arange(b * SLOTS, (b + 1) * SLOTS) for b in range(len(prompts))]
+    for b, prompt in enumerate(prompts):  # prefill: the prompt's features but its last token's (the anchor)
         at = list(range(len(prompt) - 1))
-        client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), features(list(prompt[:-1]), at)))
+        client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), target.prefill(b, prompt[:-1])))
     sampler = SamplerBatch.of([k[0] for k in kinds])
-    generator = torch.Generator().manual_seed(0)  # sampled rows are verified on the host
-    table = TARGET_LOGITS.to(device)
-    while min(len(o) for o in run.outputs) <= TOKENS:
-        reqs = [StepRequest(f"r{b}", PROMPTS[b][:-1], tuple(run.outputs[b]), len(PROMPTS[b]) + len(run.outputs[b]) - 2,
+    generator = torch.Generator().manual_seed(seed)  # the VERIFY stream (on the host, as the worker's)
+    while min(len(o) for o in run.outputs) <= tokens:
+        reqs = [StepRequest(f"r{b}", prompts[b][:-1], tuple(run.outputs[b]), len(prompts[b]) + len(run.outputs[b]) - 2,
                             slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
         step = draft_and_plan(parts, reqs)
-        logits = table[(step.rows.positions % 3).to(device), step.rows.tokens.to(device)]  # the fake verify forward
-        constrain(step, reqs, logits, V)
+        logits, hidden = target.verify(step.rows, step.seq_lens)  # the verify forward
+        constrain(step, reqs, logits, target.vocab)
         if on_step is not None:
             on_step(step, reqs, logits, sampler)
         verdict = accept(step, reqs, logits, sampler, generator, parts.stride)
+        target.commit(verdict.host)
         run.lookup_tokens += learn_lookup(lookup, step, reqs, verdict.results)
         parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
         for b, (req, result) in enumerate(zip(reqs, verdict.results)):
+            index = verdict.host.accept_index[b]
+            kept = index[index >= 0]  # the rows whose features the drafter gets (the commit's: root, accepted)
+            at = list(range(req.seq_len, req.seq_len + kept.numel()))
+            client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), hidden[kept.to(hidden.device)]))
             emitted = result.emitted_tokens.tolist()
-            kept = [req.anchor, *emitted[:-1]]  # the rows whose features the drafter gets (the commit's)
-            at = list(range(req.seq_len, req.seq_len + len(kept)))
-            client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), features(kept, at)))
             run.outputs[b] += emitted
             run.accepted_drafts += len(emitted) - 1
             tree = step.trees[b].tree
             run.branching += len(set(tree.parents[1:].tolist())) < tree.size - 1
-    run.outputs = [o[1:TOKENS + 1] for o in run.outputs]
+    run.outputs = [o[1:tokens + 1] for o in run.outputs]
     return run

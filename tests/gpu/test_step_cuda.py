@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 import torch
-from step_harness import GREEDY, KINDS, decode, drafter, plain_outputs
+from law_stats import chi_square_pvalue
+from step_harness import GREEDY, KINDS, PROMPTS, decode, drafter, plain_outputs
+from torch_target import LlamaTarget, law_of_two
 
-from sgl_dspark.sampling import SamplingParams
+from sgl_dspark.sampling import SamplerBatch, SamplingParams, target_probs
 from sgl_dspark.step import accept_on_device
 
 pytestmark = pytest.mark.gpu
@@ -69,3 +71,35 @@ def test_sampled_draft_rows_stay_on_cuda():
 
     run = decode({"lookup": True}, "chain", device="cuda", kinds=SAMPLED, on_step=where, drafter_on=drafter("cuda"))
     assert set(devices) == {"cuda"} and run.accepted_drafts > 0
+
+
+@pytest.mark.parametrize("preset", ["chain", "tree"])
+def test_the_step_on_cuda_decodes_a_llama_shaped_targets_plain_output(preset):
+    """A Llama-shaped torch target on CUDA (head_dim 64, 9:3 grouped-query attention, a KV cache per request, the
+    tree mask with prefix columns as the GPU backend reads it) and the drafter on CUDA: greedy and seeded requests
+    give the target's own plain decoding."""
+    target = LlamaTarget(device="cuda")
+    run = decode({"lookup": True}, preset, target=target, drafter_on=target.drafter("cuda"))
+    assert run.outputs == plain_outputs(KINDS, LlamaTarget(device="cuda")) and run.accepted_drafts > 0
+
+
+def test_sampled_output_on_cuda_follows_the_llama_shaped_targets_law():
+    """64 sampled requests of one prompt a run, 24 runs (verifier streams seeded apart), every drafted token verified
+    (scheduler off): the first two tokens' joint distribution against the target's exact law, chi-square; the same
+    draws must fail against the law of another target (the check can see a wrong law)."""
+    params = SamplingParams(temperature=1.0)
+    sampler = SamplerBatch.of([params])
+    target = LlamaTarget(device="cuda")
+    drafter_on, prompt = target.drafter("cuda"), PROMPTS[0]
+    pairs, accepted = [], 0
+    for seed in range(24):
+        run = decode({"lookup": True, "scheduler": "off"}, "chain", kinds=((params, None),) * 64,
+                     target=LlamaTarget(device="cuda"), drafter_on=drafter_on, prompts=(prompt,) * 64, tokens=2,
+                     seed=seed)
+        pairs += [o[0] * target.vocab + o[1] for o in run.outputs]
+        accepted += run.accepted_drafts
+    samples = torch.tensor(pairs)
+    law = law_of_two(target, prompt, lambda logits: target_probs(logits, params, sampler))
+    other = law_of_two(LlamaTarget(device="cuda", seed=1), prompt, lambda logits: target_probs(logits, params, sampler))
+    assert accepted > 0 and chi_square_pvalue(samples, law.flatten()) > 1e-3
+    assert chi_square_pvalue(samples, other.flatten()) < 1e-6

@@ -1,9 +1,11 @@
 """The decode step (sgl_dspark.step) driven end to end with a fake forward and a real drafter (tests/step_harness.py):
 greedy and seeded requests decode exactly what plain decoding of the same synthetic target gives, with chains, trees,
-lookup chains and draft-side faults (the step then verifies the anchor alone and counts the fault)."""
+lookup chains and draft-side faults (the step then verifies the anchor alone and counts the fault); and against a
+small Llama-shaped torch target with a KV cache (tests/torch_target.py), whose verify reads the step's tree mask."""
 
 import pytest
-from step_harness import decode, plain_outputs
+from step_harness import KINDS, decode, plain_outputs
+from torch_target import LlamaTarget
 
 
 @pytest.mark.parametrize("preset, knobs", [("chain", {"lookup": False}), ("chain", {"lookup": True}),
@@ -24,3 +26,12 @@ def test_draft_side_faults_degrade_to_plain_decoding_and_are_counted():
     run = decode({"lookup": True}, fail_every=2)
     assert run.outputs == plain_outputs()
     assert run.faults and set(run.faults) == {"dead"} and run.accepted_drafts > 0
+
+
+def test_the_step_against_a_llama_shaped_target_decodes_its_plain_output():
+    """The tree's mask (prefix columns first), positions and the commit's kept rows all matter here: an all-True mask
+    or keeping the first rows instead of the accepted path changes the output."""
+    target = LlamaTarget()
+    run = decode({"lookup": True}, "tree", target=target, drafter_on=target.drafter())
+    assert run.outputs == plain_outputs(KINDS, LlamaTarget())
+    assert run.accepted_drafts > 0 and run.branching > 0
