@@ -18,7 +18,7 @@ from typing import Any
 from sgl_dspark.calibration import drafter_calibration
 from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag, config_from_flags
 from sgl_dspark.cost import StepCostTable, load_cost_table
-from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config, weight_files
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target
 
 from scheduler_patch.audit import REFUSAL_FIELDS, UNSUPPORTED
@@ -122,8 +122,8 @@ def _drafter_dir(path: str | None) -> Path:
                            f"{CONFIG_FILE} and *.safetensors)")
     if not (root / CONFIG_FILE).is_file():
         raise StartupError(f"{flag} {path}: no {CONFIG_FILE} in the folder")
-    if not any(root.glob("*.safetensors")):
-        raise StartupError(f"{flag} {path}: no *.safetensors weights in the folder")
+    if not weight_files(root):
+        raise StartupError(f"{flag} {path}: no *.safetensors (or *.safetensors.xz) weights in the folder")
     return root
 
 

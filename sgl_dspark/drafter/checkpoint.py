@@ -1,4 +1,6 @@
-"""Drafter checkpoint I/O in the DeepSpec / deepseek-ai/dspark_* format: `config.json` + `*.safetensors`.
+"""Drafter checkpoint I/O in the DeepSpec / deepseek-ai/dspark_* format: `config.json` + `*.safetensors`, or the
+same safetensors xz-compressed (`*.safetensors.xz`, stdlib lzma: the shipped drafters, ~30% smaller, so the tracked
+tree fits the 64 MiB a GPU check carries; `xz -dk` gives back the plain file).
 
 Owns reading a drafter folder's config.json (`read_drafter_config`, the one place it is read), name normalisation
 (`model.` prefix dropped; the target's `embed_tokens.*` / `lm_head.*` and `rotary_emb.*` ignored), the refusal of
@@ -7,16 +9,18 @@ Must not build target weights or touch SGLang.
 """
 
 import json
+import lzma
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, load_file, save_file
 
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target, parse_drafter_config
 from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights, check_draft_vocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+XZ = ".xz"  # a compressed weights file: WEIGHTS_FILE + XZ
 IGNORED_PREFIXES = ("embed_tokens.", "lm_head.", "rotary_emb.")  # borrowed from the target / recomputed
 _INTEGER_WEIGHTS = ("d2t",)
 
@@ -37,14 +41,30 @@ def save_drafter(drafter: DSparkDrafter, path: str | Path) -> Path:
     return out
 
 
+def weight_files(path: Path) -> list[Path]:
+    """The folder's weight files: `*.safetensors` and `*.safetensors.xz`."""
+    return sorted([*path.glob("*.safetensors"), *path.glob("*.safetensors" + XZ)])
+
+
+def compress_weights(path: Path) -> Path:
+    """Replace the folder's WEIGHTS_FILE by its xz-compressed form (what the shipped drafters hold)."""
+    plain = path / WEIGHTS_FILE
+    packed = plain.with_name(plain.name + XZ)
+    packed.write_bytes(lzma.compress(plain.read_bytes(), preset=9))
+    plain.unlink()
+    return packed
+
+
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the directory's safetensors files, names normalised; target-owned names dropped."""
-    files = sorted(path.glob("*.safetensors"))
+    """All tensors of the directory's weight files (plain or xz-compressed), names normalised; target-owned names
+    dropped."""
+    files = weight_files(path)
     if not files:
-        raise ValueError(f"weights: no *.safetensors file in {path}")
+        raise ValueError(f"weights: no *.safetensors (or *.safetensors.xz) file in {path}")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        for name, tensor in load_file(str(f)).items():
+        tensors = load(lzma.decompress(f.read_bytes())) if f.suffix == XZ else load_file(str(f))
+        for name, tensor in tensors.items():
             name = name.removeprefix("model.")
             if not name.startswith(IGNORED_PREFIXES):
                 out[name] = tensor

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sgl_dspark import cli
-from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_drafter_config
+from sgl_dspark.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, compress_weights, read_drafter_config
 
 CARD_FILE = "README.md"
 STATE_FILE = "training_state.json"  # {"steps", "minutes"} of all training so far: `trainer --init-from` reads it
@@ -106,7 +106,8 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
     lines = [
         f"# DSpark drafter for {Path(str(spec.get('target', 'the target'))).name} (trained on CPU)",
         "",
-        "A DSpark drafter (published DeepSpec format: `config.json` + `model.safetensors`). Paths in the commands",
+        "A DSpark drafter (published DeepSpec format: `config.json` + `model.safetensors`, shipped xz-compressed as",
+        "`model.safetensors.xz`: the plugin reads either; `xz -dk` gives the plain file). Paths in the commands",
         "below are placeholders: TARGET (the target model folder), DATA (the data folder), RUN (the training run",
         "folder), DRAFTER (this folder). Serve it with",
         "`--speculative-algorithm DSPARK --speculative-draft-model-path DRAFTER`.",
@@ -114,7 +115,7 @@ def _card(run: Path, spec: dict, data_manifest: dict, curve: list[dict], size_mb
         "## Shape",
         f"Preset `{spec['preset']}`: draft layers copied from the target's top layers, features of target layers",
         f"{list(read_drafter_config(run / 'checkpoint').target_layer_ids)}, reduced draft vocabulary,",
-        f"vanilla Markov head, confidence head. Weights stored in bf16: {size_mb:.1f} MB.",
+        f"vanilla Markov head, confidence head. Weights stored in bf16: {size_mb:.1f} MB compressed.",
         "",
         "## Training",
         "```",
@@ -164,11 +165,12 @@ def export(run: Path, data: Path, out: Path, dtype: torch.dtype, command: str, n
         if (src / name).is_file():
             shutil.copy(src / name, out / name)
     cast_weights(src, out, dtype)
+    weights = compress_weights(out)  # shipped compressed (sgl_dspark.drafter.checkpoint)
     curve = read_curve(run)
     shutil.copy(run / "curve.jsonl", out / "curve.jsonl")  # what `trainer --init-from` continues (small)
     (out / STATE_FILE).write_text(json.dumps({"steps": curve[-1]["step"], "minutes": curve[-1]["minutes"]}) + "\n")
     manifest = json.loads((data / "manifest.json").read_text())
-    size_mb = (out / WEIGHTS_FILE).stat().st_size / 2**20
+    size_mb = weights.stat().st_size / 2**20
     plot_curve(curve, out / CURVE_PNG, {"random init (facts file)": RANDOM_INIT_CURVE})
     (out / CARD_FILE).write_text(card(run, manifest, curve, size_mb, command, notes) + "\n")
     return out

@@ -25,10 +25,9 @@ PYNVML = "nvidia-ml-py"  # FlashInfer imports pynvml; pure Python, unpinned (onl
 DATA = "flashinfer/data/"
 DATA_TREES = ("include/", "spdlog/", "cccl/cub/cub/", "cccl/thrust/thrust/", "cccl/libcudacxx/include/")
 PACKAGE_FILES = (".py", ".json", "py.typed")
-GEMMA = "sgl_dspark/drafters/gemma-3-270m/model.safetensors"  # 33.5 MiB tracked; tests/gpu does not read it
-UNTRACK_HINT = (f"the pack itself is complete. For the device call only, leave the Gemma-3 drafter behind: "
-                f"`git rm -q --cached {GEMMA} && echo /{GEMMA} >> .git/info/exclude`; right after it, "
-                f"`git reset -q HEAD -- {GEMMA}` and delete that line from .git/info/exclude")
+UNTRACK_HINT = ("the pack itself is complete. For the device call only, leave a large tracked file behind: "
+                "`git rm -q --cached FILE && echo /FILE >> .git/info/exclude`; right after it, "
+                "`git reset -q HEAD -- FILE` and delete that line from .git/info/exclude")
 
 
 def keep(name: str) -> bool:

@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from sgl_dspark.drafter import (DraftKnobs, Proposer, ProposeInput, TargetSpec, load_drafter, pad_contexts,
                                 save_drafter)
+from sgl_dspark.drafter.checkpoint import compress_weights
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.sampling import SamplingParams
 
@@ -18,6 +19,16 @@ def propose_once(drafter, seed=0):
     inp = ProposeInput(ctx, torch.tensor([7]), torch.tensor([6]), (SamplingParams(temperature=0.8),),
                        torch.Generator().manual_seed(seed))
     return Proposer(drafter, DraftKnobs(tree_width=2, branch_threshold=0.6)).propose(inp).trees[0]
+
+
+def test_a_compressed_checkpoint_loads_the_same_weights(tmp_path):
+    drafter, spec = random_drafter(tiny_hf_config())
+    save_drafter(drafter, tmp_path)
+    plain = load_drafter(tmp_path, spec, drafter.target).state_dict()
+    packed = compress_weights(tmp_path)
+    assert packed.name == "model.safetensors.xz" and not (tmp_path / "model.safetensors").exists()
+    loaded = load_drafter(tmp_path, spec, drafter.target).state_dict()
+    assert loaded.keys() == plain.keys() and all(torch.equal(loaded[k], plain[k]) for k in plain)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"markov_head_type": "gated"}, {"markov_head_type": "rnn"},

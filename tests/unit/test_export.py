@@ -25,6 +25,7 @@ def test_export_casts_weights_and_writes_the_card(tmp_path):
     command = f"python -m sgl_dspark.training.trainer --data {data} --out {run} --minutes 1"
     export(run, data, out, torch.bfloat16, command)
     assert len(read_curve(run)) == 2
+    assert [f.name for f in out.glob("model.safetensors*")] == ["model.safetensors.xz"]  # shipped compressed
     loaded = load_drafter(out, spec)
     for name, p in drafter.state_dict().items():
         if p.is_floating_point():
