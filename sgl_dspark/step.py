@@ -1,9 +1,9 @@
-"""One decode step's algorithm, without SGLang: draft -> plan -> pack, then (after the caller's verify forward)
-constrain -> accept -> learn.
+"""One decode step's algorithm, without SGLang: `decode_step` runs draft -> plan -> pack -> verify forward (a
+callable handed in) -> constrain -> accept -> commit record -> learn, in that order.
 
 The SGLang worker (scheduler_patch/runtime/worker.py) describes each request of its batch as a `StepRequest`, holds
-the step's collaborators in `StepParts`, and calls these functions in step order around the target's forward; the
-served-path law test (tests/unit/test_served_law.py) calls the same functions around a synthetic target. What is
+the step's collaborators in `StepParts`, and calls `decode_step` with its target's forward; the served-path law test
+(tests/unit/test_served_law.py) and the step harness (tests/step_harness.py) call it with synthetic targets. What is
 SGLang's (its Req and batch, the KV pools, the forward, custom logit processors, logprobs) stays in the worker.
 """
 
@@ -22,7 +22,7 @@ from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerU
 from sgl_dspark.gate import Decision, Gate
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
 from sgl_dspark.acceptance import matched_path, path_rows, sample_chains
-from sgl_dspark.layout import AcceptRows, VerifyRows, pack_trees, verify_results, write_path
+from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, verify_results, write_path
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.scheduler import PlanInput, Scheduler
@@ -77,6 +77,76 @@ class DecodeStep:
     speculated: list[bool]  # per request: the gate let it draft this step
     rows: VerifyRows
     seq_lens: list[int]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A step's verdict: what SGLang and the commit read, on the logits' device, and the same paths on the host."""
+
+    rows: AcceptRows  # on the logits' device
+    host: AcceptRows  # on the CPU (one transfer): the commit's slot bookkeeping
+    results: list[VerifyResult]  # per request, from `host`: lookup statistics, trace
+
+
+# -- the step, in step order --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verified:
+    """What the target's verify forward hands the step."""
+
+    logits: torch.Tensor  # [bs * width, V] on the target's device (constrained in place by the step)
+    hidden: torch.Tensor  # [bs * width, F] every verify row's features for the drafter
+    output: Any = None  # the forward's own result (the worker's: SGLang's logits output, for logprobs)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What a step keeps of its verify rows: each request's root and accepted path, moved to the front of its window
+    (host tensors)."""
+
+    kept: torch.Tensor  # [M] int64 flat verify rows kept (root first), request after request
+    front: torch.Tensor  # [M] int64 the flat rows they end up in: the first accept_len rows of each window
+    positions: torch.Tensor  # [M] int64 their positions (the drafter's context grows by these rows)
+    move_dst: torch.Tensor  # [K] int64 flat rows whose KV is overwritten (rows already in place left out)
+    move_src: torch.Tensor  # [K] int64 the rows it comes from
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    step: DecodeStep
+    verified: Verified
+    verdict: Accepted
+    commit: Commit
+    lookup_tokens: int  # tokens lookup nodes got accepted this step
+
+
+def decode_step(parts: StepParts, reqs: Sequence[StepRequest], forward: Callable[[DecodeStep], Verified],
+                sampler: SamplerBatch, generator: torch.Generator,
+                custom: Callable[[DecodeStep, torch.Tensor], None] | None = None) -> StepOutcome:
+    """One decode step of `reqs`; `forward` runs the target on the step's verify rows, `custom` (the worker's custom
+    logit processors) transforms the constrained logits in place before acceptance."""
+    step = draft_and_plan(parts, reqs)  # gate -> draft -> graft -> budget -> pack
+    verified = forward(step)  # the target's verify forward
+    constrain(step, reqs, verified.logits, parts.vocab)
+    if custom is not None:
+        custom(step, verified.logits)
+    verdict = accept(step, reqs, verified.logits, sampler, generator, parts.stride)
+    commit = commit_record(step, verdict.host)
+    return StepOutcome(step, verified, verdict, commit, learn_lookup(parts.lookup, step, reqs, verdict.results))
+
+
+def commit_record(step: DecodeStep, accepted: AcceptRows) -> Commit:
+    """The host verdict -> the rows to keep and where they go.
+
+    Example: width 4, seq_lens [10], accept_index [[0, 2, -1, -1]] -> kept [0, 2], front [0, 1], positions [10, 11],
+    one move (dst 1, src 2)."""
+    bs, width = accepted.accept_index.shape
+    on = accepted.accept_index >= 0  # [bs, width]: the first accept_len entries of each request
+    columns = torch.arange(width)
+    front = (torch.arange(bs)[:, None] * width + columns)[on]
+    positions = (torch.tensor(step.seq_lens, dtype=torch.long)[:, None] + columns)[on]
+    dst, src = kv_moves(accepted, width)
+    return Commit(accepted.accept_index[on], front, positions, dst, src)
 
 
 # -- draft -> plan -> pack ---------------------------------------------------------------------------------------
@@ -188,15 +258,6 @@ def constrain(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tenso
             req.grammar.apply_vocab_mask(rows, req.grammar.move_vocab_mask(masks, rows.device))
         if bias is not None:
             rows += bias.to(rows.device)
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """A step's verdict: what SGLang and the commit read, on the logits' device, and the same paths on the host."""
-
-    rows: AcceptRows  # on the logits' device
-    host: AcceptRows  # on the CPU (one transfer): the commit's slot bookkeeping
-    results: list[VerifyResult]  # per request, from `host`: lookup statistics, trace
 
 
 def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,

@@ -23,7 +23,7 @@ from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
 from sgl_dspark.scheduler import StepResult, make_scheduler
 from sgl_dspark.seeded import seeded_choices
-from sgl_dspark.step import StepParts, StepRequest, accept, constrain, draft_and_plan, learn_lookup
+from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
 
 V = 12
 SLOTS = 128
@@ -141,7 +141,8 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
     stride = 1 + cfg.verify_nodes(drafter_on.config.gamma)
     parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, target.vocab, stride,
                       draft_failed=lambda exc: run.faults.append(exc.cause))
-    slots = [torch.arange(b * SLOTS, (b + 1) * SLOTS) for b in range(len(prompts))]
+    pool = torch.arange(len(prompts) * SLOTS).view(len(prompts), SLOTS)  # [request, position] -> KV slot
+    slots = list(pool)
     for b, prompt in enumerate(prompts):  # prefill: the prompt's features but its last token's (the anchor)
         at = list(range(len(prompt) - 1))
         client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), target.prefill(b, prompt[:-1])))
@@ -150,20 +151,17 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
     while min(len(o) for o in run.outputs) <= tokens:
         reqs = [StepRequest(f"r{b}", prompts[b][:-1], tuple(run.outputs[b]), len(prompts[b]) + len(run.outputs[b]) - 2,
                             slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
-        step = draft_and_plan(parts, reqs)
-        logits, hidden = target.verify(step.rows, step.seq_lens)  # the verify forward
-        constrain(step, reqs, logits, target.vocab)
-        if on_step is not None:
-            on_step(step, reqs, logits, sampler)
-        verdict = accept(step, reqs, logits, sampler, generator, parts.stride)
+        done = decode_step(parts, reqs, lambda step: Verified(*target.verify(step.rows, step.seq_lens)), sampler,
+                           generator, None if on_step is None else lambda step, logits: on_step(step, reqs, logits,
+                                                                                                 sampler))
+        step, verdict, commit = done.step, done.verdict, done.commit
         target.commit(verdict.host)
-        run.lookup_tokens += learn_lookup(lookup, step, reqs, verdict.results)
+        hidden = done.verified.hidden
+        client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
+                                           hidden[commit.kept.to(hidden.device)]))  # the drafter's context grows
+        run.lookup_tokens += done.lookup_tokens
         parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
-        for b, (req, result) in enumerate(zip(reqs, verdict.results)):
-            index = verdict.host.accept_index[b]
-            kept = index[index >= 0]  # the rows whose features the drafter gets (the commit's: root, accepted)
-            at = list(range(req.seq_len, req.seq_len + kept.numel()))
-            client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), hidden[kept.to(hidden.device)]))
+        for b, result in enumerate(verdict.results):
             emitted = result.emitted_tokens.tolist()
             run.outputs[b] += emitted
             run.accepted_drafts += len(emitted) - 1

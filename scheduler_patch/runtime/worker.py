@@ -1,9 +1,10 @@
 """The SGLang-facing DSpark worker (SGLang's V2 speculative-worker interface), CPU and GPU.
 
-A decode step reads as: draft (draft client) -> plan (prefix scheduler) -> pack (verify rows + tree mask)
--> verify (the target's forward on the verify batch) -> constrain/accept (plain decoding's logit transforms,
-lossless acceptance, logprobs) -> commit (keep the accepted path's KV, feed the drafter its features) -> observe
-(lookup statistics, trace, step cost, metrics). It composes those parts and owns no algorithm itself.
+A decode step is `sgl_dspark.step.decode_step` (draft -> plan -> pack -> verify -> constrain -> accept -> commit
+record -> learn) with this worker's verify forward (SGLang's target on the verify batch) and custom logit
+processors handed in; the worker then writes what SGLang needs: logprobs, the commit (the accepted path's KV kept,
+the drafter fed its features), the trace, the step's cost and metrics (observe), SGLang's result. It owns no
+algorithm itself.
 """
 
 import logging
@@ -19,14 +20,13 @@ from sgl_dspark.constraints import Penalties
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
 from sgl_dspark.gate import Gate, GatedStep, initial_costs
-from sgl_dspark.layout import AcceptRows, kv_moves, verify_batch_of
+from sgl_dspark.layout import AcceptRows, verify_batch_of
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
 from sgl_dspark.scheduler import StepResult
 from sgl_dspark.seeded import seeded_from_probs
-from sgl_dspark.step import (Accepted, DecodeStep, StepParts, StepRequest, accept, constrain, draft_and_plan,
-                             draft_batch, learn_lookup)
+from sgl_dspark.step import DecodeStep, StepOutcome, StepParts, StepRequest, Verified, decode_step, draft_batch
 from sgl_dspark.streams import VERIFY, stream
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.verify import VerifyResult
@@ -177,28 +177,36 @@ class DSparkWorker(BaseSpecWorker):
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 
-    # -- decode: draft -> plan -> pack -> verify -> constrain/accept -> commit -> observe -------------------
+    # -- decode: the step (sgl_dspark.step), then logprobs -> commit -> observe -> SGLang's result -----------
 
     def decode(self, batch, on_publish):
         clock, hits = StepClock(), self.client.ahead_hits
         reqs = self.step_requests(batch)
-        step = draft_and_plan(self.parts, reqs)  # draft -> plan -> pack
-        clock.mark_drafted()
-        with verifying(batch, verify_batch_of(step.rows, step.seq_lens, self.full_mask),
-                       self.req_to_token_pool.req_to_token, self.device):  # a verify batch in here only
-            out = self.target_worker.forward_batch_generation(batch, is_verify=True)  # verify: the target's forward
-            clock.mark_verified()
-            verdict = self.accept_and_logprobs(batch, reqs, step, out.logits_output)
-            new_seq_lens = self.commit(batch, step, verdict.host, out.logits_output.hidden_states)
+        done = decode_step(self.parts, reqs, lambda step: self.verify(batch, step, clock),
+                           sampler_batch(batch.sampling_info), self.generator,
+                           lambda step, logits: self.custom_logits(batch, step, logits))
+        step, verdict, logits_output = done.step, done.verdict, done.verified.output
+        if batch.return_logprob:
+            self.logprobs(batch, logits_output, verdict.rows, step.rows.width)
+        new_seq_lens = self.commit(batch, done)
         if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
             self.draft_ahead(reqs, new_seq_lens, verdict.host)
-        self.metrics.lookup_tokens += learn_lookup(self.parts.lookup, step, reqs, verdict.results)
+        self.metrics.lookup_tokens += done.lookup_tokens
         self.trace(batch, step, verdict.results)
-        out.logits_output.hidden_states = None
+        logits_output.hidden_states = None
         if on_publish is not None:
             on_publish(new_seq_lens)
         self.observe(batch, step, verdict.host, clock, hits)
-        return self.step_result(step, out.logits_output, verdict.rows, new_seq_lens)
+        return self.step_result(step, logits_output, verdict.rows, new_seq_lens)
+
+    def verify(self, batch, step: DecodeStep, clock: StepClock) -> Verified:
+        """The target's forward on the step's verify rows (SGLang's batch carries them for its duration)."""
+        clock.mark_drafted()
+        with verifying(batch, verify_batch_of(step.rows, step.seq_lens, self.full_mask),
+                       self.req_to_token_pool.req_to_token, self.device):
+            out = self.target_worker.forward_batch_generation(batch, is_verify=True)
+        clock.mark_verified()
+        return Verified(out.logits_output.next_token_logits, out.logits_output.hidden_states, out.logits_output)
 
     def step_requests(self, batch) -> list[StepRequest]:
         """The batch's requests as the step sees them (sgl_dspark.step)."""
@@ -207,17 +215,6 @@ class DSparkWorker(BaseSpecWorker):
                             req.sampling_params.sampling_seed, request_penalties(req), req.sampling_params.logit_bias,
                             req.grammar, bool(req.custom_logit_processor))
                 for req, i, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist())]
-
-    def accept_and_logprobs(self, batch, reqs: list[StepRequest], step: DecodeStep, logits_output) -> Accepted:
-        """Plain decoding's transforms on the verify logits first (acceptance and logprobs both see them), then
-        lossless acceptance, then the emitted tokens' logprobs."""
-        logits = logits_output.next_token_logits
-        constrain(step, reqs, logits, self.vocab)
-        self.custom_logits(batch, step, logits)
-        verdict = accept(step, reqs, logits, sampler_batch(batch.sampling_info), self.generator, self.stride)
-        if batch.return_logprob:
-            self.logprobs(batch, logits_output, verdict.rows, step.rows.width)
-        return verdict
 
     def trace(self, batch, step: DecodeStep, results: list[VerifyResult]) -> None:
         if self.tracer is not None:
@@ -285,19 +282,18 @@ class DSparkWorker(BaseSpecWorker):
         predict[index[kept]] = accepted.tokens[:, :width][kept]
         compute_spec_logprobs(batch, logits_output, predict, accept_index=index)
 
-    def commit(self, batch, step: DecodeStep, accepted: AcceptRows, hidden: torch.Tensor) -> torch.Tensor:
-        """Move the accepted path's KV to the front of each request's verify window (only rows not already there: a
-        chain's accepted path always is), and give the drafter the features of those rows at their final slots."""
-        width = step.rows.width
-        front = torch.cat([torch.arange(b * width, b * width + int(n)) for b, n in enumerate(accepted.accept_lens)])
-        kept = accepted.accept_index[accepted.accept_index >= 0]
-        positions = torch.cat([torch.arange(s, s + int(n)) for s, n in zip(step.seq_lens, accepted.accept_lens)])
-        self.write_context(batch.out_cache_loc[front.to(self.device)], positions, hidden[kept.to(hidden.device)])
-        dst, src = kv_moves(accepted, width)
-        if dst.numel():
-            loc, kv = batch.out_cache_loc, self.token_to_kv_pool_allocator.get_kvcache()
-            kv.move_kv_cache(loc[dst.to(loc.device)], loc[src.to(loc.device)])
-        return batch.seq_lens + accepted.accept_lens.to(self.device).to(batch.seq_lens.dtype)
+    def commit(self, batch, done: StepOutcome) -> torch.Tensor:
+        """Keep the accepted path's KV at the front of each request's verify window (moving only rows not already
+        there: a chain's accepted path always is), give the drafter those rows' features at their final slots;
+        -> the new sequence lengths."""
+        commit, loc = done.commit, batch.out_cache_loc
+        hidden = done.verified.hidden
+        self.write_context(loc[commit.front.to(loc.device)], commit.positions, hidden[commit.kept.to(hidden.device)])
+        if commit.move_dst.numel():
+            kv = self.token_to_kv_pool_allocator.get_kvcache()
+            kv.move_kv_cache(loc[commit.move_dst.to(loc.device)], loc[commit.move_src.to(loc.device)])
+        accept_lens = done.verdict.rows.accept_lens
+        return batch.seq_lens + accept_lens.to(batch.seq_lens.device).to(batch.seq_lens.dtype)
 
     def relay(self, seq_lens: torch.Tensor, tokens: torch.Tensor, lens: torch.Tensor) -> NgramVerifyInput:
         """The running batch's spec state between steps (SGLang filters/merges it as requests come and go)."""

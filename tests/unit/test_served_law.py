@@ -42,7 +42,7 @@ from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, target_probs
 from sgl_dspark.scheduler import StepResult, make_scheduler
-from sgl_dspark.step import StepParts, StepRequest, accept, constrain, draft_and_plan, learn_lookup
+from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
 from sgl_dspark.streams import DRAFT, VERIFY, stream, stream_seed
 
 V = 5
@@ -167,9 +167,10 @@ def target_law(kind: Kind) -> dict[tuple[int, ...], float]:
 
 # -- the served step around a synthetic target ---------------------------------------------------------------------
 
-def forward(rows) -> torch.Tensor:
-    """The synthetic target's verify forward: row logits from its token and position."""
-    return TARGET_LOGITS[rows.positions % 3, rows.tokens].clone()
+def forward(step) -> Verified:
+    """The synthetic target's verify forward: row logits and features from its token and position."""
+    rows = step.rows
+    return Verified(TARGET_LOGITS[rows.positions % 3, rows.tokens].clone(), FEATURES[rows.positions % 3, rows.tokens])
 
 
 def features(tokens: list[int], positions: list[int]) -> torch.Tensor:
@@ -203,7 +204,8 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
                       draft_failed=lambda exc: pytest.fail(str(exc)))
     outputs = [[ANCHOR], [ANCHOR]]
     grammars = [NoRepeatGrammar(ANCHOR) if k.grammar else None for k in config.kinds]
-    slots = [torch.arange(b * SLOTS, (b + 1) * SLOTS) for b in range(2)]
+    pool = torch.arange(2 * SLOTS).view(2, SLOTS)  # [request, position] -> KV slot
+    slots = list(pool)
     positions = list(range(len(PROMPT)))
     for b in range(2):  # prefill: the prompt's features
         client.write_context(ContextUpdate(slots[b][:len(PROMPT)], torch.tensor(positions),
@@ -213,17 +215,13 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
         reqs = [StepRequest(f"r{b}", PROMPT, tuple(outputs[b]), len(PROMPT) + len(outputs[b]) - 1, slots[b],
                             k.sampling, None, k.penalties, None, grammars[b])
                 for b, k in enumerate(config.kinds)]
-        step = draft_and_plan(parts, reqs)
-        logits = forward(step.rows)
-        constrain(step, reqs, logits, V)
-        results = accept(step, reqs, logits, sampler, generator, parts.stride).results
-        learn_lookup(lookup, step, reqs, results)
+        done = decode_step(parts, reqs, forward, sampler, generator)
+        step, commit = done.step, done.commit
+        client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
+                                           done.verified.hidden[commit.kept]))  # the drafter's context grows
         parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
-        for b, (req, result) in enumerate(zip(reqs, results)):
+        for b, result in enumerate(done.verdict.results):
             emitted = [*result.accepted_tokens.tolist(), result.bonus_token]
-            kept = [req.anchor, *emitted[:-1]]  # the rows whose features the drafter gets (the commit's)
-            at = list(range(req.seq_len, req.seq_len + len(kept)))
-            client.write_context(ContextUpdate(slots[b][at], torch.tensor(at), features(kept, at)))
             outputs[b] += emitted
             block = step.trees[b]
             if block.tree.size > 1:
