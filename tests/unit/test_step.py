@@ -4,8 +4,12 @@ lookup chains and draft-side faults (the step then verifies the anchor alone and
 small Llama-shaped torch target with a KV cache (tests/torch_target.py), whose verify reads the step's tree mask."""
 
 import pytest
+import torch
 from step_harness import KINDS, decode, plain_outputs
 from torch_target import LlamaTarget
+
+from sgl_dspark.layout import AcceptRows
+from sgl_dspark.step import DecodeStep, commit_record
 
 
 @pytest.mark.parametrize("preset, knobs", [("chain", {"lookup": False}), ("chain", {"lookup": True}),
@@ -35,3 +39,12 @@ def test_the_step_against_a_llama_shaped_target_decodes_its_plain_output():
     run = decode({"lookup": True}, "tree", target=target, drafter_on=target.drafter())
     assert run.outputs == plain_outputs(KINDS, LlamaTarget())
     assert run.accepted_drafts > 0 and run.branching > 0
+
+
+def test_the_commit_record_keeps_each_requests_root_and_accepted_path_at_the_front():
+    accepted = AcceptRows(torch.tensor([[0, 2, -1, -1], [4, 5, 6, -1]]), torch.zeros(2, 4, dtype=torch.long),
+                          torch.tensor([2, 3], dtype=torch.int32))
+    commit = commit_record(DecodeStep([], [], [], None, [10, 20]), accepted)
+    assert commit.kept.tolist() == [0, 2, 4, 5, 6] and commit.front.tolist() == [0, 1, 4, 5, 6]
+    assert commit.positions.tolist() == [10, 11, 20, 21, 22]
+    assert commit.move_dst.tolist() == [1] and commit.move_src.tolist() == [2]  # the chain's rows are in place
