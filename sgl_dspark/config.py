@@ -49,7 +49,8 @@ class DSparkConfig:
     cpu_gemm: str  # linear layers on CPU (target and drafter): "onednn" (packed weights, flat in rows) or "native"
     draft_ahead: bool  # start the next step's drafting on the draft worker's core while the step finishes
     # (measured neutral on a 2-core CPU: the shorter wait is paid back by memory-bandwidth contention)
-    draft_dtype: str  # the drafter's dtype: "float32", "bfloat16", or "auto" (bfloat16 on a GPU or where the CPU has bf16 GEMM)
+    draft_dtype: str  # the drafter's dtype: "float32", "bfloat16", or "auto" (bfloat16 on a GPU, or where the CPU
+    # has bf16 GEMM)
     gate: bool  # per step, only requests whose speculation is predicted to pay for the whole step draft (sgl_dspark.gate)
     gate_margin: float  # predicted tokens/s must beat plain decoding's by this share for anyone to speculate
 

@@ -162,7 +162,8 @@ class LlamaTarget:
         return out[1:]
 
 
-def law_of_two(target: LlamaTarget, prompt: Sequence[int], probs: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def law_of_two(target: LlamaTarget, prompt: Sequence[int],
+               probs: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """[V, V] float64: P(first two tokens after `prompt` = (y1, y2)) under plain sampling from this target, each token
     drawn from probs(logits [n, V]) -> [n, V]."""
     first: list[torch.Tensor] = []
