@@ -26,9 +26,10 @@ from sgl_dspark.tree import DraftTree  # noqa: E402
 from sgl_dspark.verify import VerifyInput, verify_batch  # noqa: E402
 
 
-def case(batch: int, width: int, vocab: int, sampled: bool, device: str, rows_on: str = "cpu"):
-    """A step of `batch` chains of `width` rows and its verify logits on `device`; the draft-probability rows of
-    sampled chains on `rows_on` (the host, as a CPU drafter makes them, or the device, as a drafter there does)."""
+def case(batch: int, width: int, vocab: int, sampled: bool, device: str, rows_on: str = "cpu", shape: str = "chain"):
+    """A step of `batch` blocks of `width` rows and its verify logits on `device`: chains, or trees (node 2 a one-hot
+    lookup sibling of node 1 under the root, the rest a chain under node 1); the draft-probability rows of sampled
+    blocks on `rows_on` (the host, as a CPU drafter makes them, or the device, as a drafter there does)."""
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=0.8) if sampled else SamplingParams(temperature=0.0)
     trees = []
@@ -39,7 +40,13 @@ def case(batch: int, width: int, vocab: int, sampled: bool, device: str, rows_on
             probs = torch.zeros(width, vocab)
             probs[torch.arange(1, width), tokens[1:]] = 0.5
             probs[1:] += 0.5 / vocab
-        trees.append(DraftTree.chain(tokens, torch.ones(width), None if probs is None else probs.to(rows_on)))
+        parents = torch.arange(-1, width - 1)
+        if shape == "tree" and width > 2:
+            parents[2], parents[3:] = 0, torch.cat([torch.tensor([1]), torch.arange(3, width - 1)])
+            if probs is not None:
+                probs[2] = 0.0
+                probs[2, tokens[2]] = 1.0
+        trees.append(DraftTree(tokens, parents, torch.ones(width), None if probs is None else probs.to(rows_on)))
     seq_lens = [100] * batch
     rows = pack_trees(trees, seq_lens, width)
     step = DecodeStep([Grafted.plain(t) for t in trees], [width - 1] * batch, [True] * batch, rows, seq_lens)
@@ -80,21 +87,23 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=152064)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--shape", choices=["chain", "tree"], default="chain")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows = []
     for sampled in (False, True):
         for batch in args.batches:
-            step, reqs, logits, sampler = case(batch, args.width, args.vocab, sampled, args.device)
-            row = {"sampling": "sampled" if sampled else "greedy", "batch": batch, "width": args.width,
-                   "vocab": args.vocab, "device": args.device, "draft_rows": "host",
+            step, reqs, logits, sampler = case(batch, args.width, args.vocab, sampled, args.device, shape=args.shape)
+            row = {"sampling": "sampled" if sampled else "greedy", "shape": args.shape, "batch": batch,
+                   "width": args.width, "vocab": args.vocab, "device": args.device, "draft_rows": "host",
                    "batched": timed(batched, (step, reqs, logits, sampler, args.width), args.device, args.repeats),
                    "per_request": timed(per_request, (step, reqs, logits, sampler, args.width), args.device,
                                         args.repeats)}
             rows.append(row)
             print(json.dumps(row), flush=True)
             if sampled and args.device != "cpu":  # the drafter on the device: its rows never cross (batched only)
-                step, reqs, logits, sampler = case(batch, args.width, args.vocab, sampled, args.device, args.device)
+                step, reqs, logits, sampler = case(batch, args.width, args.vocab, sampled, args.device, args.device,
+                                                   args.shape)
                 row = {**row, "draft_rows": "device", "per_request": None,
                        "batched": timed(batched, (step, reqs, logits, sampler, args.width), args.device, args.repeats)}
                 rows.append(row)

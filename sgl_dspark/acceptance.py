@@ -4,8 +4,9 @@ verify rows, on the logits' device, with no loop over requests and no host sync.
 Owns two rules, each the batched form of a per-request walk in `sgl_dspark.verify` (their oracle, tested draw for
 draw): the match rule (greedy and seeded requests: a node is accepted when every node on its path from the root,
 itself included, carries its parent's choice and no elder sibling carries it too, the first matching child in index
-order, as `verify_choices` walks it), and speculative sampling of chains (`verify_sampling` on a chain, fed with
-the same coins). Pure torch; must not import SGLang or run the target.
+order, as `verify_choices` walks it), and speculative sampling (`verify_sampling` fed with the same coins): of chains
+in one pass, of trees (lookup siblings: recursive rejection over a node's children) depth by depth. Pure torch;
+must not import SGLang or run the target.
 """
 
 import torch
@@ -70,6 +71,55 @@ def sample_chains(tokens: torch.Tensor, sizes: torch.Tensor, probs: torch.Tensor
     rejected = (last + 1 < sizes.to(tokens.device))[:, None]  # a real node after the last accepted was tried
     law = torch.where(rejected, residual(after, q[rows, (last + 1).clamp_max(w - 1)]), after)
     return on_path, inverse_cdf(law, bonus_coins)
+
+
+def sample_trees(tokens: torch.Tensor, parents: torch.Tensor, sizes: torch.Tensor, probs: torch.Tensor,
+                 draft_probs: torch.Tensor, coins: torch.Tensor, bonus_coins: torch.Tensor, depth: int,
+                 fanout: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling of k trees at once (`sgl_dspark.verify.verify_sampling`, same rule: at each node on the
+    path its children are tried in index order, child c accepted when coin * q_c(x_c) < p(x_c), p replaced by
+    normalize(max(0, p - q_c)) after each rejection; the bonus is drawn from the p left when no child is accepted).
+
+    tokens, parents [k, w] (-1 at the root; padding nodes are not real: sizes [k]), probs [k, w, V] the target's
+    distribution after each node, draft_probs [k, w, V] each node's draft distribution (one-hot for a deterministic
+    candidate), coins [k, w] (a request's i-th acceptance test reads coins[:, i + 1], as a chain's node i + 1 does
+    in `sample_chains`), bonus_coins [k]; depth, fanout: bounds on the real nodes' depth and children per node (the
+    loop counts, known on the host) -> (on_path [k, w] bool, bonus [k] int64). Loops over depth and sibling rank,
+    never over requests, and reads nothing back to the host.
+    Example: p after the root (.5, .5), children [a (token 0, q one-hot), b (token 1, q one-hot)], coin .7 for a:
+    .7 < .5 fails, p becomes (0, 1), b is accepted whatever its coin (u * 1 < 1).
+    """
+    k, w = tokens.shape
+    device = tokens.device
+    p_all, q_all = normalized(probs), normalized(draft_probs)
+    rows, node = torch.arange(k, device=device), torch.arange(w, device=device)
+    real = node[None, :] < sizes.to(device)[:, None]
+    on_path = node[None, :].expand(k, w) == 0
+    cur = torch.zeros(k, dtype=torch.long, device=device)
+    live = torch.ones(k, dtype=torch.bool, device=device)  # the walk goes on (its last test accepted a child)
+    tests = torch.zeros(k, dtype=torch.long, device=device)  # acceptance tests made so far, per request
+    p = p_all[:, 0]
+    for _ in range(depth):
+        kids = real & live[:, None] & (parents == cur[:, None])  # [k, w] the current node's children
+        rank = kids.long().cumsum(1) - 1
+        child = torch.full((k,), -1, dtype=torch.long, device=device)
+        for r in range(fanout):
+            at = kids & (rank == r)
+            tried = at.any(1) & (child < 0)
+            c = at.long().argmax(1)  # [k] the r-th child (0 where there is none)
+            q = q_all[rows, c]
+            x = tokens[rows, c][:, None]
+            q_x = q.gather(1, x)[:, 0]
+            ok = tried & (q_x > 0) & (coins.gather(1, (tests + 1).clamp_max(w - 1)[:, None])[:, 0] * q_x
+                                      < p.gather(1, x)[:, 0])
+            child = torch.where(ok, c, child)
+            p = torch.where((tried & ~ok)[:, None], residual(p, q), p)
+            tests = tests + tried.long()
+        live = child >= 0
+        cur = torch.where(live, child, cur)
+        on_path = on_path | ((node[None, :] == cur[:, None]) & live[:, None])
+        p = torch.where(live[:, None], p_all[rows, cur], p)
+    return on_path, inverse_cdf(p, bonus_coins)
 
 
 def inverse_cdf(law: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,6 @@ the step's collaborators in `StepParts`, and calls `decode_step` with its target
 SGLang's (its Req and batch, the KV pools, the forward, custom logit processors, logprobs) stays in the worker.
 """
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,14 +20,14 @@ from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_
 from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.gate import Decision, Gate
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.acceptance import matched_path, path_rows, sample_chains
-from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, verify_results, write_path
+from sgl_dspark.acceptance import matched_path, path_rows, sample_chains, sample_trees
+from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, verify_results
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.scheduler import PlanInput, Scheduler
 from sgl_dspark.seeded import seeded_choices
-from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import VerifyResult, verify_sampling
+from sgl_dspark.tree import DraftTree, depths
+from sgl_dspark.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
 
@@ -272,40 +271,48 @@ def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, 
 def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
                      generator: torch.Generator, stride: int) -> AcceptRows:
     """Requests whose token after each node is fixed without looking at the drafts (greedy; seeded, from
-    sgl_dspark.seeded) match it, and sampled chains are accepted by speculative sampling with coins from `generator`
-    (the VERIFY stream, sgl_dspark.streams), in one batched pass (sgl_dspark.acceptance) that reads nothing back to
-    the host; a sampled tree (lookup siblings) goes through the per-request verifier after it, its rows on the host
-    (as are a seeded request's, for its choices)."""
+    sgl_dspark.seeded) match it, and sampled requests are accepted by speculative sampling with coins drawn first from
+    `generator` (the VERIFY stream, sgl_dspark.streams): chains in one pass, trees (lookup siblings) depth by depth
+    (sgl_dspark.acceptance). No loop over requests and nothing read back to the host (a seeded request's choices are
+    computed on the host)."""
     width = step.rows.width
     logits = logits.view(len(reqs), width, -1)
     device = logits.device
     tokens = step.rows.tokens.view(-1, width).to(device)
+    parents = step.rows.parents.to(device)
     choices = target_choices(step, reqs, logits, sampler)
-    on_path = matched_path(tokens, step.rows.parents.to(device), step.rows.mask.to(device), step.rows.sizes, choices)
-    chains = [b for b, (g, r) in enumerate(zip(step.trees, reqs)) if drawn(r) and g.tree.is_chain]
-    if chains:
-        index = torch.tensor(chains, device=device)
-        coins = torch.rand(len(chains), width, generator=generator, dtype=torch.float64).to(device)  # drawn first
-        bonus_coins = torch.rand(len(chains), generator=generator, dtype=torch.float64).to(device)
-        paths, bonus = sample_chains(tokens[index], step.rows.sizes[chains], chain_probs(reqs, logits, sampler, chains),
-                                     draft_rows(step, chains, width, device), coins, bonus_coins)
+    on_path = matched_path(tokens, parents, step.rows.mask.to(device), step.rows.sizes, choices)
+    sampled = [b for b, r in enumerate(reqs) if drawn(r)]
+    if sampled:
+        index = torch.tensor(sampled, device=device)
+        coins = torch.rand(len(sampled), width, generator=generator, dtype=torch.float64).to(device)  # drawn first
+        bonus_coins = torch.rand(len(sampled), generator=generator, dtype=torch.float64).to(device)
+        probs, q = target_rows(reqs, logits, sampler, sampled), draft_rows(step, sampled, width, device)
+        sizes = step.rows.sizes[sampled]
+        trees = [step.trees[b].tree for b in sampled]
+        if all(t.is_chain for t in trees):
+            paths, bonus = sample_chains(tokens[index], sizes, probs, q, coins, bonus_coins)
+        else:
+            depth, fanout = tree_bounds(trees)
+            paths, bonus = sample_trees(tokens[index], parents[index], sizes, probs, q, coins, bonus_coins, depth,
+                                        fanout)
         on_path[index] = paths
-        last = (paths.long().sum(1) - 1)[:, None]
+        last = torch.where(paths, torch.arange(width, device=device), 0).amax(1, keepdim=True)  # the deepest
         choices[index] = torch.zeros_like(choices[index]).scatter(1, last, bonus[:, None])
-    rows = path_rows(tokens, on_path, choices, stride)
-    for b, (g, req) in enumerate(zip(step.trees, reqs)):
-        if drawn(req) and not g.tree.is_chain:
-            n = g.tree.size
-            tree = dataclasses.replace(g.tree, draft_probs=g.tree.draft_probs.cpu())
-            write_path(rows, b, verify_sampling(tree, target_probs(logits[b, :n].float().cpu(), req.sampling, sampler),
-                                                generator), width)
-    return rows
+    return path_rows(tokens, on_path, choices, stride)
 
 
-def chain_probs(reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
-                chains: list[int]) -> torch.Tensor:
+def tree_bounds(trees: Sequence[DraftTree]) -> tuple[int, int]:
+    """(deepest node's depth, most children of one node) over the trees (host tensors)."""
+    depth = max(int(depths(t.parents).max()) for t in trees)
+    fanout = max(int(torch.bincount(t.parents[1:]).max()) if t.size > 1 else 0 for t in trees)
+    return depth, fanout
+
+
+def target_rows(reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
+                chosen: list[int]) -> torch.Tensor:
     """[k, width, V] the target's sampling distribution after each row of the chosen requests (padding rows too)."""
-    return torch.stack([target_probs(logits[b], reqs[b].sampling, sampler) for b in chains])
+    return torch.stack([target_probs(logits[b], reqs[b].sampling, sampler) for b in chosen])
 
 
 def draft_rows(step: DecodeStep, chains: list[int], width: int, device: torch.device) -> torch.Tensor:

@@ -6,14 +6,14 @@ import random
 import pytest
 import torch
 
-from sgl_dspark.acceptance import inverse_cdf, match_paths, sample_chains
+from sgl_dspark.acceptance import inverse_cdf, match_paths, sample_chains, sample_trees
 from sgl_dspark.graft import Grafted
 from sgl_dspark.layout import accept_rows, pack_trees, verify_results
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.step import DecodeStep, StepRequest, accept, accept_on_device
-from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import verify_choices, verify_sampling
+from sgl_dspark.tree import DraftTree, depths
+from sgl_dspark.verify import children, verify_choices, verify_sampling
 
 
 def tree(tokens, parents, probs=None):
@@ -140,8 +140,8 @@ def test_sampled_chains_accept_as_the_per_request_verifier_fed_the_same_coins():
 
 def test_a_mixed_step_accepts_as_the_per_request_verifier_with_the_same_draws():
     """Greedy, seeded and sampled requests (a chain, and a tree with a one-hot sibling) in one step: the step's accept
-    stage gives the rows the per-request verifier gives, the chain fed the coins the step draws first from the
-    generator, the tree then drawing from the same generator."""
+    stage gives the rows the per-request verifier gives, the sampled requests fed the coins the step draws first from
+    the generator (a row per sampled request, then a bonus coin each)."""
     vocab, width = 6, 4
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4 * width, vocab, generator=gen) * 2
@@ -163,13 +163,13 @@ def test_a_mixed_step_accepts_as_the_per_request_verifier_with_the_same_draws():
     for seed in range(40):
         verdict = accept(step, reqs, logits.clone(), sampler, torch.Generator().manual_seed(seed), stride=5)
         draws = torch.Generator().manual_seed(seed)
-        coins = torch.rand(1, width, generator=draws, dtype=torch.float64)
-        bonus = torch.rand(1, generator=draws, dtype=torch.float64)
+        coins = torch.rand(2, width, generator=draws, dtype=torch.float64)
+        bonus = torch.rand(2, generator=draws, dtype=torch.float64)
         rows_of = [logits[b * width:b * width + t.size] for b, t in enumerate(trees)]
         oracle = accept_rows([
             verify_choices(trees[0], greedy_choices(rows_of[0], sampler)),
             verify_sampling(trees[1], target_probs(rows_of[1], params[1], sampler), Replay(coins[0], bonus[0])),
-            verify_sampling(trees[2], target_probs(rows_of[2], params[2], sampler), draws),
+            verify_sampling(trees[2], target_probs(rows_of[2], params[2], sampler), Replay(coins[1], bonus[1])),
             verify_choices(trees[3], seeded_choices(rows_of[3], params[3], 11, rows.positions[12:14],
                                                     sampler.filtered))], width, 5)
         assert torch.equal(verdict.rows.accept_index, oracle.accept_index)
@@ -194,3 +194,56 @@ def test_greedy_acceptance_reads_nothing_back_to_the_host(sampler):
     assert out.accept_index.device.type == "meta" and out.tokens.shape == (2, 5)
     with pytest.raises(NotImplementedError):
         out.to_host()  # the one transfer, which meta cannot make
+
+
+def random_forest(gen: torch.Generator, k: int, w: int, vocab: int):
+    """k random trees of 1..w nodes padded to w as `pack_trees` pads them (padding hangs off the root), each node's q a
+    softmax row or a one-hot row (a lookup candidate), its token drawn from q; sibling tokens may repeat."""
+    tokens, parents = torch.zeros(k, w, dtype=torch.long), torch.zeros(k, w, dtype=torch.long)
+    q, sizes = torch.zeros(k, w, vocab), torch.randint(1, w + 1, (k,), generator=gen)
+    for b in range(k):
+        parents[b, 0] = -1
+        for i in range(1, int(sizes[b])):
+            parents[b, i] = int(torch.randint(0, i, (), generator=gen))
+            if bool(torch.rand((), generator=gen) < 0.5):
+                q[b, i] = torch.softmax(2 * torch.randn(vocab, generator=gen), -1)
+            else:
+                q[b, i, int(torch.randint(vocab, (), generator=gen))] = 1.0
+            tokens[b, i] = int(torch.multinomial(q[b, i], 1, generator=gen))
+    return tokens, parents, sizes, q
+
+
+def test_sampled_trees_accept_as_the_per_request_verifier_fed_the_same_coins():
+    """300 random forests (one-hot and drafted siblings, repeated sibling tokens, padding): the batched tree rule gives
+    the per-request verifier's path and bonus, each request's i-th acceptance test reading coins[i + 1]."""
+    gen = torch.Generator().manual_seed(7)
+    later_sibling = 0
+    for _ in range(300):
+        k, w, vocab = 3, int(torch.randint(1, 7, (), generator=gen)), 4
+        tokens, parents, sizes, q = random_forest(gen, k, w, vocab)
+        probs = torch.softmax(2 * torch.randn(k, w, vocab, generator=gen), -1)
+        coins = torch.rand(k, w, generator=gen, dtype=torch.float64)
+        bonus_coins = torch.rand(k, generator=gen, dtype=torch.float64)
+        real = [DraftTree(tokens[b, :int(n)], parents[b, :int(n)], torch.ones(int(n)), q[b, :int(n)])
+                for b, n in enumerate(sizes)]
+        depth = max(int(depths(t.parents).max()) for t in real)
+        fanout = max(int(torch.bincount(t.parents[1:]).max()) if t.size > 1 else 0 for t in real)
+        on_path, bonus = sample_trees(tokens, parents, sizes, probs, q, coins, bonus_coins, depth, fanout)
+        for b, t in enumerate(real):
+            walk = verify_sampling(t, probs[b, :t.size], Replay(coins[b], bonus_coins[b]))
+            assert on_path[b].nonzero().flatten().tolist() == [0, *walk.accepted_nodes.tolist()]
+            assert int(bonus[b]) == walk.bonus_token
+            kids = children(t.parents)
+            later_sibling += any(n not in (kids[int(t.parents[n])][:1]) for n in walk.accepted_nodes.tolist())
+    assert later_sibling > 10  # accepted after an elder sibling's rejection, many times
+
+
+def test_a_rejected_one_hot_sibling_leaves_the_next_one_the_residual():
+    """p after the root (.5, .5); children token 0 and token 1, both one-hot; coin .7 rejects the first (.7 >= .5), p
+    becomes (0, 1) and the second is accepted whatever its coin."""
+    on_path, bonus = sample_trees(torch.tensor([[9, 0, 1]]), torch.tensor([[-1, 0, 0]]), torch.tensor([3]),
+                                  torch.tensor([[[.5, .5], [.3, .7], [.6, .4]]]),
+                                  torch.tensor([[[0., 0.], [1., 0.], [0., 1.]]]),
+                                  torch.tensor([[0., .7, .99]], dtype=torch.float64),
+                                  torch.tensor([0.5], dtype=torch.float64), depth=1, fanout=2)
+    assert on_path.tolist() == [[True, False, True]] and bonus.tolist() == [0]  # then node 2's p (.6, .4) at .5
