@@ -315,11 +315,11 @@ def target_rows(reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: Samp
     return torch.stack([target_probs(logits[b], reqs[b].sampling, sampler) for b in chosen])
 
 
-def draft_rows(step: DecodeStep, chains: list[int], width: int, device: torch.device) -> torch.Tensor:
+def draft_rows(step: DecodeStep, chosen: list[int], width: int, device: torch.device) -> torch.Tensor:
     """[k, width, V] on `device` (the logits'): each chosen request's draft-probability rows, zero-padded to the
     width (a drafter on that device made them there: no host copy)."""
-    probs = [step.trees[b].tree.draft_probs for b in chains]
-    out = torch.zeros(len(chains), width, probs[0].shape[-1], device=device)
+    probs = [step.trees[b].tree.draft_probs for b in chosen]
+    out = torch.zeros(len(chosen), width, probs[0].shape[-1], device=device)
     for i, p in enumerate(probs):
         out[i, :p.shape[0]] = p
     return out

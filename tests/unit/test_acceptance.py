@@ -11,8 +11,8 @@ from sgl_dspark.graft import Grafted
 from sgl_dspark.layout import accept_rows, pack_trees, verify_results
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.seeded import seeded_choices
-from sgl_dspark.step import DecodeStep, StepRequest, accept, accept_on_device
-from sgl_dspark.tree import DraftTree, depths
+from sgl_dspark.step import DecodeStep, StepRequest, accept, accept_on_device, tree_bounds
+from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import children, verify_choices, verify_sampling
 
 
@@ -226,9 +226,7 @@ def test_sampled_trees_accept_as_the_per_request_verifier_fed_the_same_coins():
         bonus_coins = torch.rand(k, generator=gen, dtype=torch.float64)
         real = [DraftTree(tokens[b, :int(n)], parents[b, :int(n)], torch.ones(int(n)), q[b, :int(n)])
                 for b, n in enumerate(sizes)]
-        depth = max(int(depths(t.parents).max()) for t in real)
-        fanout = max(int(torch.bincount(t.parents[1:]).max()) if t.size > 1 else 0 for t in real)
-        on_path, bonus = sample_trees(tokens, parents, sizes, probs, q, coins, bonus_coins, depth, fanout)
+        on_path, bonus = sample_trees(tokens, parents, sizes, probs, q, coins, bonus_coins, *tree_bounds(real))
         for b, t in enumerate(real):
             walk = verify_sampling(t, probs[b, :t.size], Replay(coins[b], bonus_coins[b]))
             assert on_path[b].nonzero().flatten().tolist() == [0, *walk.accepted_nodes.tolist()]
