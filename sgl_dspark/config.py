@@ -44,6 +44,8 @@ class DSparkConfig:
     lookup_max_nodes: int  # most tree nodes the lookup branch adds per request and step (its share of the KV width)
     lookup_width: int  # most distinct copied chains per request and step
     lookup_max_len: int  # tokens per copied chain
+    suffix_cache_tokens: int  # with lookup: tokens of earlier requests' histories (prompt and output) every request's
+    # lookup also copies chains from (sgl_dspark.suffix; the oldest evicted first; 0: off)
     draft_process: bool  # draft in a separate worker process (true) or in the scheduler process (false)
     trace: str | None  # JSONL file the worker appends one record per request per decode step to (None: off)
     cpu_gemm: str  # linear layers on CPU (target and drafter): "onednn" (packed weights, flat in rows) or "native"
@@ -151,6 +153,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lookup_max_nodes": (_int_at_least(1), "an integer >= 1"),
     "lookup_width": (_int_at_least(1), "an integer >= 1"),
     "lookup_max_len": (_int_at_least(1), "an integer >= 1"),
+    "suffix_cache_tokens": (_int_at_least(0), "an integer >= 0 (0: off)"),
     "draft_process": (lambda v: isinstance(v, bool), "true | false"),
     "trace": (_optional(_is_path), "null or a non-empty path"),
     "cpu_gemm": (lambda v: v in GEMM_MODES, " | ".join(GEMM_MODES)),

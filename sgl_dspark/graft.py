@@ -71,7 +71,7 @@ def graft(tree: DraftTree, candidates: Sequence[Candidate], stats: LookupStats, 
     b = _start(tree)
     added = 0
     for cand in candidates:
-        group, node = stats.knobs.group(cand.rank, cand.match), 0
+        group, node = stats.knobs.group(cand.rank, cand.match, cand.shared), 0
         for token in cand.tokens:
             nxt = b.child.get((node, token))
             if nxt is None:

@@ -8,8 +8,12 @@ Pure Python/torch on CPU; must not build trees (sgl_dspark.graft does), verify, 
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from sgl_dspark.suffix import SuffixCache
 
 
 @dataclass(frozen=True)
@@ -45,20 +49,22 @@ class LookupKnobs:
 
     @property
     def groups(self) -> int:
-        return 2 * len(self.sizes)
+        return 3 * len(self.sizes)
 
-    def group(self, rank: int, match: int) -> int:
-        """Statistics group of a chain: first chain or not, times its matched suffix length."""
-        return min(rank, 1) * len(self.sizes) + (self.max_ngram - match)
+    def group(self, rank: int, match: int, shared: bool = False) -> int:
+        """Statistics group of a chain: the request's own first chain, its others, or the suffix cache's (other
+        requests' histories), times its matched suffix length."""
+        return (2 if shared else min(rank, 1)) * len(self.sizes) + (self.max_ngram - match)
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One proposed continuation of the history (the anchor is history[-1], not part of it)."""
 
-    tokens: tuple[int, ...]  # [max_len]
+    tokens: tuple[int, ...]  # [<= max_len]
     match: int  # length of the suffix that matched
     rank: int  # position among this step's candidates (0 = longest, most recent match)
+    shared: bool = False  # from the suffix cache (another request's history), not the request's own
 
 
 class LookupIndex:
@@ -168,10 +174,11 @@ class LookupEntry:
 
 
 class LookupRegistry:
-    """Per-request lookup state keyed by request id, plus the global acceptance prior shared by all."""
+    """Per-request lookup state keyed by request id, plus the global acceptance prior shared by all and the suffix
+    cache (None: off) that every request's history joins when it leaves the batch."""
 
-    def __init__(self, knobs: LookupKnobs):
-        self.knobs = knobs
+    def __init__(self, knobs: LookupKnobs, suffix: "SuffixCache | None" = None):
+        self.knobs, self.suffix = knobs, suffix
         self.prior = LookupStats(knobs)
         self.entries: dict[str, LookupEntry] = {}
 
@@ -188,8 +195,17 @@ class LookupRegistry:
         entry.index.append(output[max(seen - len(prompt), 0):])
         return entry
 
+    def propose(self, rid: str) -> list[Candidate]:
+        """The chains for `rid` this step: its own history's, then the suffix cache's (distinct from those)."""
+        entry = self.entries[rid]
+        own = entry.index.propose()
+        return own if self.suffix is None else own + self.suffix.propose(entry.index.tokens, own, len(own))
+
     def retain(self, rids: Iterable[str]) -> None:
-        """Drop every entry whose request is not in `rids` (finished or aborted requests)."""
+        """Drop every entry whose request is not in `rids` (finished or aborted requests); its history joins the
+        suffix cache."""
         keep = set(rids)
         for rid in [r for r in self.entries if r not in keep]:
+            if self.suffix is not None:
+                self.suffix.add(self.entries[rid].index.tokens)
             del self.entries[rid]

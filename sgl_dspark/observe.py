@@ -199,6 +199,8 @@ class Series:
                                  "DSPARK shared-memory bytes held for the draft worker's arenas")
         self.lookup_entries = gauge("sglang:dspark_lookup_entries",
                                     "DSPARK requests with context-lookup state (dropped when they leave the batch)")
+        self.suffix_tokens = gauge("sglang:dspark_suffix_cache_tokens",
+                                   "DSPARK tokens of earlier requests' histories held by the suffix cache")
         self.request_steps = Counter(
             "sglang:dspark_request_steps", "DSPARK request decode steps, by whether the request drafted (the gate)",
             (*names, "speculated"), registry=registry)
@@ -212,11 +214,13 @@ class Series:
     def draft_failed(self, cause: str) -> None:
         self.draft_failures.labels(**self.labels, cause=cause).inc()
 
-    def draft_worker_state(self, generation: int, drafted: int, arena_bytes: int, lookup_entries: int) -> None:
+    def draft_worker_state(self, generation: int, drafted: int, arena_bytes: int, lookup_entries: int,
+                           suffix_tokens: int) -> None:
         self.worker_generation.set(generation)
         self.worker_drafted.set(drafted)
         self.arena_bytes.set(arena_bytes)
         self.lookup_entries.set(lookup_entries)
+        self.suffix_tokens.set(suffix_tokens)
 
     def observe(self, s: StepStats) -> None:
         for rows, tau in zip(s.verified, s.accepted):
@@ -264,9 +268,10 @@ class WorkerMetrics:
                            "(%d failures so far, %d %s)", cause, f": {message}" if message else "",
                            self.draft_failures, self.failures_by_cause[cause], cause)
 
-    def draft_worker_state(self, generation: int, drafted: int, arena_bytes: int = 0, lookup_entries: int = 0) -> None:
+    def draft_worker_state(self, generation: int, drafted: int, arena_bytes: int = 0, lookup_entries: int = 0,
+                           suffix_tokens: int = 0) -> None:
         """The draft side's state on /metrics: the client's generation (restarts), the draft nodes the current worker
-        produced (its own count), the shared-memory bytes of its arenas, the requests holding lookup state. Called
-        every step; only with metrics on."""
+        produced (its own count), the shared-memory bytes of its arenas, the requests holding lookup state, the
+        suffix cache's tokens. Called every step; only with metrics on."""
         if self.series is not None:
-            self.series.draft_worker_state(generation, drafted, arena_bytes, lookup_entries)
+            self.series.draft_worker_state(generation, drafted, arena_bytes, lookup_entries, suffix_tokens)

@@ -215,14 +215,15 @@ def draft(parts: StepParts, reqs: Sequence[StepRequest], speculate: list[bool]) 
 
 
 def with_lookup(parts: StepParts, reqs: Sequence[StepRequest], trees: list[DraftTree]) -> list[Grafted]:
-    """Graft the request's own-context lookup chains onto its tree (lookup knob): onto the drafter's, or onto the
-    anchor alone where the gate held drafting back (lookup costs no drafter call; the scheduler prices its
+    """Graft the request's own-context lookup chains, and the suffix cache's from other requests' histories, onto its
+    tree (lookup knob): onto the drafter's, or onto the anchor alone where the gate held drafting back (lookup costs no drafter call; the scheduler prices its
     verification like any draft node's)."""
     if parts.lookup is None:
         return [Grafted.plain(t) for t in trees]
     entries = [parts.lookup.sync(r.rid, r.prompt, r.output) for r in reqs]
     parts.lookup.retain(r.rid for r in reqs)
-    return [graft(t, e.index.propose(), e.stats, parts.lookup.knobs.max_nodes) for t, e in zip(trees, entries)]
+    return [graft(t, parts.lookup.propose(r.rid), e.stats, parts.lookup.knobs.max_nodes)
+            for t, e, r in zip(trees, entries, reqs)]
 
 
 def plan_input(parts: StepParts, blocks: list[Grafted], drafted: int) -> PlanInput:

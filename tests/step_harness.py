@@ -19,11 +19,11 @@ from sgl_dspark.draft_worker.client import ContextUpdate, DraftWorkerUnavailable
 from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.drafter import TargetWeights
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
-from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
 from sgl_dspark.scheduler import StepResult, make_scheduler
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
+from sgl_dspark.suffix import lookup_registry
 
 V = 12
 SLOTS = 128
@@ -120,23 +120,27 @@ class Run:
     faults: list[str] = field(default_factory=list)
     accepted_drafts: int = 0  # draft tokens accepted over the run
     lookup_tokens: int = 0
+    suffix_tokens: int = 0  # accepted tokens the suffix cache proposed
+    steps: int = 0
     branching: int = 0  # verified blocks with a node of two or more children
 
 
 def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
            kinds=KINDS, on_step=None, drafter_on=DRAFTER, target=None, prompts=PROMPTS, tokens: int = TOKENS,
-           seed: int = 0) -> Run:
+           seed: int = 0, earlier: Sequence[Sequence[int]] = ()) -> Run:
     """The requests (one per prompt, `kinds` their sampling) decoded together through the step until each has
     `tokens` tokens after its prompt, against `target` (the table on `device` by default, or a
     tests/torch_target.LlamaTarget), the drafter's work on its own device (drafter_on: DRAFTER on the CPU, or
     drafter(device)); the verifier's stream seeded with `seed`; on_step(step, reqs, logits, sampler) runs before
-    each step's acceptance."""
+    each step's acceptance; `earlier`: histories of requests that left before, in the suffix cache at the start."""
     target = target or TableTarget(device)
     cfg = load_config(preset, overrides={"gate": False, **knobs})
     client = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(prompts) * SLOTS, 11)
     if fail_every:
         client = FlakyClient(client, fail_every)
-    lookup = LookupRegistry(cfg.lookup_knobs()) if cfg.lookup else None
+    lookup = lookup_registry(cfg.lookup_knobs(), cfg.suffix_cache_tokens) if cfg.lookup else None
+    for history in earlier:
+        lookup.suffix.add(history)
     run = Run([[p[-1]] for p in prompts])
     stride = 1 + cfg.verify_nodes(drafter_on.config.gamma)
     parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, target.vocab, stride,
@@ -160,12 +164,14 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
                                            hidden[commit.kept.to(hidden.device)]))  # the drafter's context grows
         run.lookup_tokens += done.lookup_tokens
+        run.steps += 1
         parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
         for b, result in enumerate(verdict.results):
             emitted = result.emitted_tokens.tolist()
             run.outputs[b] += emitted
             run.accepted_drafts += len(emitted) - 1
-            tree = step.trees[b].tree
+            tree, shared = step.trees[b].tree, step.trees[b].group >= 2 * len(cfg.lookup_knobs().sizes)
             run.branching += len(set(tree.parents[1:].tolist())) < tree.size - 1
+            run.suffix_tokens += int(shared[result.accepted_nodes].sum())
     run.outputs = [o[1:tokens + 1] for o in run.outputs]
     return run

@@ -21,7 +21,7 @@ from sgl_dspark.draft_worker.client import ContextUpdate, DraftClient, DraftWork
 from sgl_dspark.features import refusal
 from sgl_dspark.gate import Gate, GatedStep, initial_costs
 from sgl_dspark.layout import AcceptRows, verify_batch_of
-from sgl_dspark.lookup import LookupRegistry
+from sgl_dspark.suffix import lookup_registry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
 from sgl_dspark.scheduler import StepResult
@@ -89,7 +89,8 @@ class DSparkWorker(BaseSpecWorker):
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
         self.parts: StepParts | None = None  # the step's collaborators (sgl_dspark.step), with the client
         self.scheduler = self.setup.scheduler
-        self.lookup = None if self.launch.lookup is None else LookupRegistry(self.launch.lookup)
+        self.lookup = None if self.launch.lookup is None else \
+            lookup_registry(self.launch.lookup, self.setup.config.suffix_cache_tokens)
         self.metrics = worker_metrics(server_args)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
         self.generator = stream(int(server_args.random_seed or 0), VERIFY)  # the verifier's own stream
@@ -232,8 +233,9 @@ class DSparkWorker(BaseSpecWorker):
         self.metrics.observe(StepStats(step.drafted, verified, taus, clock.draft_s, clock.verify_s, tail_s,
                                        self.client.ahead_hits - hits, step.speculated))
         self.last_decode_end = clock.clock()
+        lookup, suffix = self.lookup, self.lookup and self.lookup.suffix
         self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,
-                                        0 if self.lookup is None else len(self.lookup.entries))
+                                        len(lookup.entries) if lookup else 0, suffix.tokens if suffix else 0)
 
     def step_result(self, step: DecodeStep, logits_output, accepted: AcceptRows,
                     new_seq_lens: torch.Tensor) -> GenerationBatchResult:

@@ -1,7 +1,9 @@
 """Load with faults: 200 mixed requests (greedy, sampled, logprob, stop-string, streaming) at concurrency 16 on a
 DSPARK server while 20% are aborted mid-flight (client disconnects, POST /abort_request) and the draft worker is
 SIGKILLed twice. The server stays up, every request not aborted finishes, greedy output equals the plain server's,
-logprobs cover every output token, and afterwards the draft side holds nothing for the finished requests.
+logprobs cover every output token, and afterwards the draft side holds nothing for the finished requests. The suffix
+cache is on and small, so the finished and aborted requests' histories fill it past its cap while the same prompts
+come back (its chains are then often right, and the greedy check covers them).
 """
 
 import concurrent.futures as cf
@@ -32,6 +34,7 @@ ABORT_AFTER_S = (0.5, 3.0)  # /abort_request this long after sending (uniform): 
 CHUNKS_BEFORE_CLOSE = 2
 IDLE_S = 5.0
 LOOKUP_ENTRIES = "sglang:dspark_lookup_entries"
+SUFFIX_TOKENS, SUFFIX_CAP = "sglang:dspark_suffix_cache_tokens", 2048
 ARENA_BYTES = "sglang:dspark_draft_arena_bytes"
 
 
@@ -158,9 +161,10 @@ class LoadRun:
 
 @pytest.fixture(scope="module")
 def server(default_model_path, random_drafter_path, tmp_path_factory):
-    """DSPARK with the random drafter in a worker process (killed below), 16 request slots, /metrics and lookup
-    (draft-side state per request)."""
+    """DSPARK with the random drafter in a worker process (killed below), 16 request slots, /metrics, lookup
+    (draft-side state per request) and the suffix cache."""
     spec = dspark_spec(default_model_path, random_drafter_path, "--speculative-dspark-lookup", "true",
+                       "--speculative-dspark-suffix-cache-tokens", str(SUFFIX_CAP),
                        max_running_requests=CONCURRENCY, draft_process=True)
     spec = dataclasses.replace(spec, extra_args=("--enable-metrics",))
     with serving(spec, tmp_path_factory.mktemp("load-faults")) as running:
@@ -244,7 +248,7 @@ def idle(server, run) -> dict[str, float | None]:
     wait_for_generation(server.base_url, len(run.killed))
     generate(server.base_url, "Count from one to twenty:", **PROBE)
     time.sleep(IDLE_S)
-    return {name: gauge(server.base_url, name) for name in (LOOKUP_ENTRIES, ARENA_BYTES)}
+    return {name: gauge(server.base_url, name) for name in (LOOKUP_ENTRIES, ARENA_BYTES, SUFFIX_TOKENS)}
 
 
 def test_no_lookup_entry_is_left_for_finished_requests(idle):
@@ -256,3 +260,8 @@ def test_draft_arenas_are_back_to_their_idle_size(idle, run):
     assert idle[ARENA_BYTES] is not None and run.arena_bytes_idle is not None, f"no {ARENA_BYTES} on /metrics"
     assert idle[ARENA_BYTES] == run.arena_bytes_idle, \
         f"{ARENA_BYTES} = {idle[ARENA_BYTES]:.0f}, {run.arena_bytes_idle:.0f} before the load"
+
+
+def test_the_suffix_cache_holds_earlier_histories_within_its_cap(idle):
+    assert idle[SUFFIX_TOKENS] is not None, f"no {SUFFIX_TOKENS} on /metrics"
+    assert SUFFIX_CAP / 2 < idle[SUFFIX_TOKENS] <= SUFFIX_CAP, f"{SUFFIX_TOKENS} = {idle[SUFFIX_TOKENS]}"

@@ -39,11 +39,11 @@ from sgl_dspark.cost import from_measurements
 from sgl_dspark.draft_worker.client import ContextUpdate
 from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
-from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, target_probs
 from sgl_dspark.scheduler import StepResult, make_scheduler
 from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
 from sgl_dspark.streams import DRAFT, VERIFY, stream, stream_seed
+from sgl_dspark.suffix import lookup_registry
 
 V = 5
 TOKENS = 6  # generated tokens compared
@@ -58,6 +58,7 @@ TARGET = torch.Generator().manual_seed(27)
 TARGET_LOGITS = 1.6 * torch.randn(3, V, V, generator=TARGET)  # [position % 3, token] -> next-token logits
 FEATURES = torch.randn(3, V, 2 * HIDDEN, generator=TARGET)  # [position % 3, token] -> the target's hidden states
 COST = from_measurements((1, 2, 4, 8, 16), (0.020, 0.021, 0.023, 0.028, 0.040))  # verifying is cheap: long blocks
+EARLIER = (3, 1, 4, 1, 2, 0, 4, 4, 1, 2, 3, 0, 2, 1, 1, 3)  # a request that left the server before (the suffix cache)
 
 
 def drafter():
@@ -127,7 +128,8 @@ PLAIN = Kind("t1", SamplingParams(temperature=1.0))
 FILTERED = Kind("topk-topp-minp", SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.08))
 PENALISED = Kind("penalties", SamplingParams(temperature=1.0), Penalties(frequency=0.4, presence=0.3, repetition=1.5))
 GRAMMAR = Kind("grammar", SamplingParams(temperature=0.7, top_p=0.95), grammar=True)
-CONFIGS = [Config("chain-lookup", {"lookup": True, "lookup_max_nodes": 4, "lookup_max_len": 3}, (PLAIN, FILTERED)),
+CONFIGS = [Config("chain-lookup-suffix", {"lookup": True, "lookup_max_nodes": 4, "lookup_max_len": 3,
+                                          "suffix_cache_tokens": 64}, (PLAIN, FILTERED)),
            Config("lagged-constrained", {"lookup": True, "lookup_width": 3, "scheduler": "lagged", "min_verify": 1},
                   (PENALISED, GRAMMAR))]
 
@@ -183,12 +185,13 @@ class Served:
     rejected: int = 0  # steps where a request's block had drafts and none was accepted
     accepted: int = 0  # steps where at least one was
     lookup_nodes: int = 0  # verified nodes only the lookup proposed
+    shared_nodes: int = 0  # verified nodes the suffix cache proposed
     branching: int = 0  # verified blocks with a node of two or more children
 
     def add(self, other: "Served") -> "Served":
         return Served([a + b for a, b in zip(self.outputs, other.outputs)], self.rejected + other.rejected,
                       self.accepted + other.accepted, self.lookup_nodes + other.lookup_nodes,
-                      self.branching + other.branching)
+                      self.shared_nodes + other.shared_nodes, self.branching + other.branching)
 
 
 def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> list[tuple[int, ...]]:
@@ -197,7 +200,9 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
     stream(s, VERIFY))."""
     cfg = load_config(overrides={"gate": False, **config.knobs})
     gamma = DRAFTER.config.gamma
-    lookup = LookupRegistry(cfg.lookup_knobs()) if cfg.lookup else None
+    lookup = lookup_registry(cfg.lookup_knobs(), cfg.suffix_cache_tokens) if cfg.lookup else None
+    if lookup is not None and lookup.suffix is not None:
+        lookup.suffix.add(EARLIER)
     client = LocalDraftClient(DRAFTER, cfg.draft_knobs(), 2 * SLOTS, draft_seed)
     generator = torch.Generator().manual_seed(verify_seed)
     parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, V, 1 + cfg.verify_nodes(gamma),
@@ -228,6 +233,7 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
                 tally.accepted += len(emitted) > 1
                 tally.rejected += len(emitted) == 1
                 tally.lookup_nodes += int(block.lookup_only.sum())
+                tally.shared_nodes += int((block.group >= 2 * len(cfg.lookup_knobs().sizes)).sum())
                 tally.branching += len(set(block.tree.parents[1:].tolist())) < block.tree.size - 1
             for t in emitted:
                 if grammars[b] is not None:
@@ -280,6 +286,8 @@ def test_served_step_samples_the_target_law(config):
     share = served.accepted / (served.accepted + served.rejected)
     assert 0.2 < share < 0.8, f"the drafter must disagree with the target, and not always: {share:.2f} accepted"
     assert served.lookup_nodes > SEEDS and served.branching > SEEDS, served  # lookup chains, grafted as siblings
+    if config.knobs.get("suffix_cache_tokens"):
+        assert served.shared_nodes > SEEDS, served  # the suffix cache's chains among them
     for kind, samples in zip(config.kinds, served.outputs):
         low = {k: p for k, p in p_values(samples, target_law(kind)).items() if p < P_MIN}
         assert not low, f"{config.name}/{kind.name}: chi-square p-values below {P_MIN}: {low}"

@@ -5,7 +5,7 @@ small Llama-shaped torch target with a KV cache (tests/torch_target.py), whose v
 
 import pytest
 import torch
-from step_harness import KINDS, decode, plain_outputs
+from step_harness import KINDS, PROMPTS, TOKENS, decode, plain_outputs
 from torch_target import LlamaTarget
 
 from sgl_dspark.layout import AcceptRows
@@ -24,6 +24,18 @@ def test_the_step_decodes_what_plain_decoding_does(preset, knobs):
         assert run.lookup_tokens > 0
     if preset == "tree":
         assert run.branching > 0
+
+
+def test_the_suffix_caches_chains_from_an_earlier_request_are_verified_like_any_draft():
+    """The cache holds what an earlier run of the same requests produced (prompt and output), so its chains are right
+    from the first step; the output is still plain decoding's, and the chains are what got accepted."""
+    plain = plain_outputs()
+    earlier = [(*prompt, *output) for prompt, output in zip(PROMPTS, plain)]
+    run = decode({"lookup": True, "suffix_cache_tokens": 1024}, "chain", earlier=earlier)
+    assert run.outputs == plain and not run.faults
+    assert run.suffix_tokens > TOKENS  # more than one accepted per request on average
+    without = decode({"lookup": True}, "chain")
+    assert without.suffix_tokens == 0 and run.steps < without.steps
 
 
 def test_draft_side_faults_degrade_to_plain_decoding_and_are_counted():
