@@ -8,12 +8,9 @@ Pure Python/torch on CPU; must not build trees (sgl_dspark.graft does), verify, 
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from sgl_dspark.suffix import SuffixCache
 
 
 @dataclass(frozen=True)
@@ -173,11 +170,20 @@ class LookupEntry:
     stats: LookupStats
 
 
+class SharedHistories(Protocol):
+    """Histories shared across requests (sgl_dspark.suffix.SuffixCache): they take a finished request's history
+    and propose chains continuing another request's suffix."""
+
+    def add(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(self, history: Sequence[int], taken: Sequence[Candidate], rank: int) -> list[Candidate]: ...
+
+
 class LookupRegistry:
     """Per-request lookup state keyed by request id, plus the global acceptance prior shared by all and the suffix
     cache (None: off) that every request's history joins when it leaves the batch."""
 
-    def __init__(self, knobs: LookupKnobs, suffix: "SuffixCache | None" = None):
+    def __init__(self, knobs: LookupKnobs, suffix: SharedHistories | None = None):
         self.knobs, self.suffix = knobs, suffix
         self.prior = LookupStats(knobs)
         self.entries: dict[str, LookupEntry] = {}
