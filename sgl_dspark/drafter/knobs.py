@@ -17,6 +17,7 @@ class DraftKnobs:
     max_nodes: int | None = None  # draft nodes per request, anchor excluded; None: max_window * tree_width
     confidence_temperatures: tuple[float, ...] = ()  # calibration temperature per draft position; missing: T = 1
     confidence_biases: tuple[float, ...] = ()  # calibration bias per draft position; missing: b = 0
+    sampled_trees: bool = True  # sampled requests branch too, with i.i.d. siblings (else their blocks are chains)
 
     def __post_init__(self) -> None:
         if self.min_window < 0:

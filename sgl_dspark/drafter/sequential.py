@@ -2,10 +2,14 @@
 
 Per depth k: confidence of every open branch (cheap, needs only h_k and x_{k-1}) -> admit branches by survival,
 min/max window and node budget -> LM-head rows only for requests with an admitted branch -> Markov bias -> sample
--> optional deterministic alternatives at low-confidence nodes, for greedy requests only: an alternative is
-derived from the token just sampled and scored by it, so for a sampled request whether it (or its elder
-sibling, or their subtrees) gets verified would depend on that token, which breaks the lossless argument
-(sgl_dspark.verify); a sampled request's block is a chain. Nodes are appended in topological order.
+-> optional siblings at low-confidence nodes. A greedy request's are deterministic alternatives (the next most
+likely tokens, scored by their share of the mass the sampled token leaves). A sampled request's cannot be: an
+alternative derived from the token just sampled and scored by it would make whether it (or its elder sibling, or
+their subtrees) gets verified depend on that token, which breaks the lossless argument (sgl_dspark.verify). Its
+siblings are instead further i.i.d. draws from the same draft distribution q, how many and their confidences
+fixed from the parent's confidence before any is drawn (c * (1 - c)**j for the j-th), so recursive rejection over
+them (sgl_dspark.acceptance.sample_trees) keeps the target law; with `sampled_trees` off its block is a chain.
+Nodes are appended in topological order.
 Depths every request drafts whatever the confidences are projected up front in one LM-head call (on a CPU that
 costs about one depth's call: the matrix is read from memory once).
 Must not run the backbone or touch SGLang.
@@ -18,7 +22,7 @@ import torch
 from sgl_dspark.calibration import calibrated
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.drafter.model import DSparkDrafter
-from sgl_dspark.drafter.sampler import alternatives, sample_rows
+from sgl_dspark.drafter.sampler import SampledRows, alternatives, sample_rows
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.tree import DraftTree
 
@@ -162,8 +166,9 @@ class _Grower:
     """Appends one depth's nodes to the trees and collects the next frontier."""
 
     def __init__(self, drafter: DSparkDrafter, builders: list[TreeBuilder], sampling: list[SamplingParams],
-                 budget: _Budget, depth: int) -> None:
+                 budget: _Budget, depth: int, generator: torch.Generator | None) -> None:
         self.drafter, self.builders, self.sampling, self.budget, self.depth = drafter, builders, sampling, budget, depth
+        self.generator = generator
         self.rows: list[_Child] = []
 
     def children(self, frontier: Frontier, conf: torch.Tensor, tokens: torch.Tensor,
@@ -176,21 +181,28 @@ class _Grower:
             node = self.builders[r].add(toks[i], parent, c[i], row)
             self.rows.append(_Child(r, m, node, toks[i], surv[i], i))
 
-    def siblings(self, frontier: Frontier, conf: torch.Tensor, logits: torch.Tensor, picked: torch.Tensor,
-                 width: int, threshold: float) -> None:
-        to_target = self.drafter.draft_to_target
-        for i in (conf < threshold).nonzero().flatten().tolist():
-            r, parent = int(frontier.req[i]), int(frontier.parent[i])
-            if not self.sampling[r].is_greedy:  # lossless only for greedy (sgl_dspark.verify, the argument)
+    def siblings(self, frontier: Frontier, conf: torch.Tensor, logits: torch.Tensor, picked: SampledRows,
+                 q: torch.Tensor | None, knobs: DraftKnobs) -> None:
+        """Up to tree_width - 1 siblings of each low-confidence row's child: deterministic alternatives for a greedy
+        request, i.i.d. draws from the child's q [F, V] for a sampled one (with `sampled_trees`)."""
+        to_target, count = self.drafter.draft_to_target, knobs.tree_width - 1
+        for i in (conf < knobs.branch_threshold).nonzero().flatten().tolist():
+            r, parent, c_i = int(frontier.req[i]), int(frontier.parent[i]), float(conf[i])
+            if self.sampling[r].is_greedy:
+                ids, shares = alternatives(logits[i], int(picked.tokens[i]), count, self.sampling[r])
+                confs, rows = [(1.0 - c_i) * s for s in shares.tolist()], None
+            elif knobs.sampled_trees:  # drawn after their number and confidences are fixed (the lossless argument)
+                ids = torch.multinomial(picked.probs[i], count, replacement=True, generator=self.generator)
+                confs, rows = [c_i * (1.0 - c_i) ** j for j in range(1, count + 1)], q[i]
+            else:
                 continue
-            ids, shares = alternatives(logits[i], int(picked[i]), width - 1, self.sampling[r])
-            for d, share in zip(ids.tolist(), shares.tolist()):
-                c = (1.0 - float(conf[i])) * share
+            for d, c in zip(ids.tolist(), confs):
                 surv = float(frontier.survival[i]) * c
                 if not self.budget.admit(r, False, self.depth, surv):
                     break
                 token = d if to_target is None else int(to_target[d])
-                row = None if self.builders[r].probs is None else _one_hot(token, self.drafter.config.vocab_size)
+                row = rows if rows is not None or self.builders[r].probs is None else \
+                    _one_hot(token, self.drafter.config.vocab_size)
                 node = self.builders[r].add(token, parent, c, row)
                 self.rows.append(_Child(r, False, node, token, surv, i))
 
@@ -248,9 +260,10 @@ def grow_trees(drafter: DSparkDrafter, hidden: torch.Tensor, anchors: torch.Tens
         lm_rows += rows
         picked = sample_rows(logits, [sampling[r] for r in frontier.req.tolist()], generator)
         tokens = picked.tokens if to_target is None else to_target[picked.tokens]
-        grower = _Grower(drafter, builders, sampling, budget, depth)
-        grower.children(frontier, conf, tokens, _full_vocab(drafter, picked.probs, to_target) if keep_probs else None)
+        grower = _Grower(drafter, builders, sampling, budget, depth, generator)
+        q = _full_vocab(drafter, picked.probs, to_target) if keep_probs else None
+        grower.children(frontier, conf, tokens, q)
         if knobs.tree_width > 1:
-            grower.siblings(frontier, conf, logits, picked.tokens, knobs.tree_width, knobs.branch_threshold)
+            grower.siblings(frontier, conf, logits, picked, q, knobs)
         frontier = grower.next_frontier(state).to(hidden.device)
     return [bld.build(drafter.config.vocab_size) for bld in builders], lm_rows

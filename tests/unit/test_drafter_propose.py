@@ -142,15 +142,46 @@ def test_tree_branches_with_deterministic_alternatives():
     torch.testing.assert_close(tree.confidence[2:4], (1 - tree.confidence[1]) * share)
 
 
-def test_sampled_requests_draft_chains_even_with_tree_knobs():
-    """A sampled request's alternatives would be scored by its own sampled token (biased, sgl_dspark.verify), so
-    in a mixed batch the greedy request branches and the sampled one drafts the main chain only."""
+def test_sampled_requests_branch_with_iid_siblings():
+    """A sampled request's siblings are further draws from its child's q (the same row), their number and
+    confidences c * (1 - c)**j fixed by the parent's confidence; with sampled_trees off its block is a chain."""
     drafter, _ = random_drafter(tiny_hf_config())
-    set_confidence(drafter, -1.0)
+    set_confidence(drafter, -1.0)  # c ~ 0.27 < branch threshold everywhere
     knobs = DraftKnobs(tree_width=3, branch_threshold=0.5, max_nodes=8)
     greedy, sampled = Proposer(drafter, knobs).propose(make_input(drafter, sampling=[GREEDY, SAMPLED])).trees
-    assert not greedy.is_chain
-    assert sampled.is_chain and sampled.size == 5 and sampled.draft_probs is not None
+    assert not greedy.is_chain and not sampled.is_chain and sampled.draft_probs is not None
+    assert sampled.parents.tolist() == greedy.parents.tolist()  # the same shape: decided before any draw
+    c = float(sampled.confidence[1])
+    torch.testing.assert_close(sampled.confidence[1:4], torch.tensor([c, c * (1 - c), c * (1 - c) ** 2]))
+    for sibling in (2, 3):  # drawn from the main child's distribution, which the tree carries for each
+        torch.testing.assert_close(sampled.draft_probs[sibling], sampled.draft_probs[1])
+        assert float(sampled.draft_probs[1][sampled.tokens[sibling]]) > 0
+    off = Proposer(drafter, DraftKnobs(tree_width=3, branch_threshold=0.5, max_nodes=8, sampled_trees=False))
+    chain = off.propose(make_input(drafter, sampling=[GREEDY, SAMPLED])).trees[1]
+    assert chain.is_chain and chain.size == 5
+
+
+def test_sampled_siblings_follow_their_draft_probs():
+    """Each i.i.d. sibling is distributed as q, independently of the main child: pooled counts of sibling tokens
+    against the mean returned row, and the pair (main child, sibling) against the product of the rows."""
+    drafter, _ = random_drafter(tiny_hf_config(vocab_size=6, mask_token_id=5))
+    set_confidence(drafter, -1.0)
+    n = 3000
+    one = make_input(drafter, batch=1, anchors=[2])
+    ctx = one.context
+    batch = type(ctx)(ctx.keys.expand(-1, n, -1, -1, -1), ctx.values.expand(-1, n, -1, -1, -1), ctx.lengths.expand(n))
+    inp = ProposeInput(batch, one.anchors.expand(n), one.anchor_positions.expand(n), (SAMPLED,) * n,
+                       torch.Generator().manual_seed(3))
+    trees = Proposer(drafter, DraftKnobs(tree_width=2, branch_threshold=0.5, max_nodes=8)).propose(inp).trees
+    assert all(t.parents[2] == 0 for t in trees)  # node 2: the main child's sibling at depth 1
+    q = torch.stack([t.draft_probs[1] for t in trees]).double().mean(0)
+    pairs = torch.bincount(torch.stack([t.tokens[1] * 6 + t.tokens[2] for t in trees]), minlength=36).double()
+    expected = (q[:, None] * q[None, :]).flatten() * n
+    keep = expected > 5
+    observed = torch.cat([pairs[keep], pairs[~keep].sum(0, keepdim=True)])
+    exp = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
+    observed, exp = observed[exp > 0], exp[exp > 0]
+    assert chisquare(observed.numpy(), exp.numpy() * n / exp.sum().item()).pvalue > 1e-3
 
 
 def test_no_branching_above_the_threshold_gives_a_chain():

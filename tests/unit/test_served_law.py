@@ -6,9 +6,9 @@ drafter's DRAFT stream and the verifier's VERIFY stream, both from one --random-
 on a 5-token vocabulary. One "server" per seed, two requests in its batch, 10,000 seeds, 6 generated tokens: each
 position's law and each pair of adjacent positions' joint law must pass a chi-square test (p > 0.001) against
 the exact target law (enumerated over all 5**6 continuations, with plain decoding's penalties and grammar written
-out here, independently of sgl_dspark.constraints). Sampled requests get no drafter side branches (those are
-lossless for greedy only, sgl_dspark.drafter.sequential), so their trees are the drafter's chain plus lookup
-chains; tests/unit/test_exact_law.py enumerates the other shapes and the gate exactly.
+out here, independently of sgl_dspark.constraints). The first configuration drafts chains (plus lookup and suffix
+chains), the second trees: the drafter's i.i.d. siblings at its low-confidence nodes (sgl_dspark.drafter.sequential)
+beside the lookup chains; tests/unit/test_exact_law.py enumerates the other shapes and the gate exactly.
 
 The drafter is a seeded random DSpark drafter sharing the target's (random) embedding and LM head, so it
 disagrees with the target: about half the steps accept none of its drafts.
@@ -130,8 +130,8 @@ PENALISED = Kind("penalties", SamplingParams(temperature=1.0), Penalties(frequen
 GRAMMAR = Kind("grammar", SamplingParams(temperature=0.7, top_p=0.95), grammar=True)
 CONFIGS = [Config("chain-lookup-suffix", {"lookup": True, "lookup_max_nodes": 4, "lookup_max_len": 3,
                                           "suffix_cache_tokens": 64}, (PLAIN, FILTERED)),
-           Config("lagged-constrained", {"lookup": True, "lookup_width": 3, "scheduler": "lagged", "min_verify": 1},
-                  (PENALISED, GRAMMAR))]
+           Config("lagged-tree-constrained", {"lookup": True, "lookup_width": 3, "scheduler": "lagged", "min_verify": 1,
+                                              "tree_width": 3, "branch_threshold": 0.9}, (PENALISED, GRAMMAR))]
 
 
 # -- the law plain decoding gives ----------------------------------------------------------------------------------
@@ -187,11 +187,13 @@ class Served:
     lookup_nodes: int = 0  # verified nodes only the lookup proposed
     shared_nodes: int = 0  # verified nodes the suffix cache proposed
     branching: int = 0  # verified blocks with a node of two or more children
+    drafter_branching: int = 0  # verified blocks with a node of two or more children the drafter drew
 
     def add(self, other: "Served") -> "Served":
         return Served([a + b for a, b in zip(self.outputs, other.outputs)], self.rejected + other.rejected,
                       self.accepted + other.accepted, self.lookup_nodes + other.lookup_nodes,
-                      self.shared_nodes + other.shared_nodes, self.branching + other.branching)
+                      self.shared_nodes + other.shared_nodes, self.branching + other.branching,
+                      self.drafter_branching + other.drafter_branching)
 
 
 def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> list[tuple[int, ...]]:
@@ -235,6 +237,8 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
                 tally.lookup_nodes += int(block.lookup_only.sum())
                 tally.shared_nodes += int((block.group >= 2 * len(cfg.lookup_knobs().sizes)).sum())
                 tally.branching += len(set(block.tree.parents[1:].tolist())) < block.tree.size - 1
+                drawn = block.tree.parents[1:][block.neural[1:]]
+                tally.drafter_branching += len(set(drawn.tolist())) < drawn.numel()
             for t in emitted:
                 if grammars[b] is not None:
                     grammars[b].accept_token(t)
@@ -288,6 +292,8 @@ def test_served_step_samples_the_target_law(config):
     assert served.lookup_nodes > SEEDS and served.branching > SEEDS, served  # lookup chains, grafted as siblings
     if config.knobs.get("suffix_cache_tokens"):
         assert served.shared_nodes > SEEDS, served  # the suffix cache's chains among them
+    if config.knobs.get("tree_width", 1) > 1:
+        assert served.drafter_branching > SEEDS, served  # the drafter's i.i.d. siblings verified
     for kind, samples in zip(config.kinds, served.outputs):
         low = {k: p for k, p in p_values(samples, target_law(kind)).items() if p < P_MIN}
         assert not low, f"{config.name}/{kind.name}: chi-square p-values below {P_MIN}: {low}"

@@ -150,3 +150,18 @@ def test_each_cell_gets_its_own_prompts(tmp_path):
     assert [len(rows["code", 1]), len(rows["code", 4])] == [2, 4]  # at least the concurrency
     first = {r["conversations"][0]["content"] for r in rows["code", 1]}
     assert not first & {r["conversations"][0]["content"] for r in rows["code", 4]}
+
+
+def test_rendered_prompt_sets_skip_the_clients_chat_template(tmp_path):
+    import argparse
+
+    from benchmarks.serving import RENDERED, bench_args, write_prompt_files
+
+    args = argparse.Namespace(num_prompts=2, output_len=8, context_len=64, model_path="m", seed=0)
+    plain = bench_args(args, "http://x", tmp_path / "p.jsonl", 1, tmp_path / "o.jsonl")
+    rendered = bench_args(args, "http://x", tmp_path / "p.jsonl", 1, tmp_path / "o.jsonl", rendered=True)
+    assert "--apply-chat-template" in plain and "--apply-chat-template" not in rendered
+    assert [a for a in plain if a != "--apply-chat-template"] == rendered
+    assert "multiturn" in RENDERED and "code" not in RENDERED
+    with pytest.raises(SystemExit, match="unknown dataset"):
+        write_prompt_files(tmp_path, ["nope"], [1], per_cell=1, seed=0, max_chars=10)
