@@ -13,7 +13,9 @@ beside the lookup chains; tests/unit/test_exact_law.py enumerates the other shap
 The drafter is a seeded random DSpark drafter sharing the target's (random) embedding and LM head, so it
 disagrees with the target: about half the steps accept none of its drafts.
 
-Measured (2026-12-04, `python tests/unit/test_served_law.py`, which prints these), with acceptance batched
+Measured (2026-12-04, `python tests/unit/test_served_law.py`, which prints these; before the first configuration
+had the suffix cache and the second drafter trees, which pass the same bar: refresh these figures with that command),
+with acceptance batched
 (sgl_dspark.acceptance: about half the sampled blocks are chains, accepted by the batched speculative sampling, the
 others trees with lookup siblings, through the per-request verifier): smallest p-value over the 11 tests of a
 request: 0.14 (plain T=1), 0.27 (top-k/top-p/min-p), 0.11 (penalties), 0.074 (grammar); with the per-request
