@@ -201,9 +201,7 @@ class _Grower:
                 if not self.budget.admit(r, False, self.depth, surv):
                     break
                 token = d if to_target is None else int(to_target[d])
-                row = rows if rows is not None or self.builders[r].probs is None else \
-                    _one_hot(token, self.drafter.config.vocab_size)
-                node = self.builders[r].add(token, parent, c, row)
+                node = self.builders[r].add(token, parent, c, rows)  # greedy requests keep no rows
                 self.rows.append(_Child(r, False, node, token, surv, i))
 
     def next_frontier(self, state: torch.Tensor | None) -> Frontier:
@@ -215,12 +213,6 @@ class _Grower:
         src = col("src", torch.long)
         return Frontier(col("req", torch.long), col("node", torch.long), col("token", torch.long),
                         col("survival", torch.float32), col("main", torch.bool), None if state is None else state[src])
-
-
-def _one_hot(token: int, vocab_size: int) -> torch.Tensor:
-    row = torch.zeros(vocab_size)
-    row[token] = 1.0
-    return row
 
 
 def _full_vocab(drafter: DSparkDrafter, probs: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
