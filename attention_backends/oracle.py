@@ -23,7 +23,8 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
 
 def gather_keys(cache: torch.Tensor, pages: list[int], page_size: int, kv_len: int) -> torch.Tensor:
-    """cache [pages, page_size, heads, dim] or [slots, heads, dim]; page ids -> the first kv_len keys [kv_len, heads, dim]."""
+    """cache [pages, page_size, heads, dim] or [slots, heads, dim]; page ids -> the first kv_len keys
+    [kv_len, heads, dim]."""
     rows = [cache[page * page_size + i] if cache.dim() == 3 else cache[page, i]
             for page in pages for i in range(page_size)]
     return torch.stack(rows[:kv_len])

@@ -1,7 +1,7 @@
 """The torch reference attention backend ("dspark_torch"): SGLang's torch_native plus ForwardMode.TARGET_VERIFY.
 
 Owns the SGLang-facing shell only: it reads the verify batch off SGLang's ForwardBatch once per forward
-(`verify_batch`) and runs `paged_tree_attention` per layer. Prefill and decode stay torch_native's.
+(`paged_tree_batch`) and runs `paged_tree_attention` per layer. Prefill and decode stay torch_native's.
 Must not change how other forward modes run; DRAFT_EXTEND_V2 (EAGLE's draft model) is not supported.
 """
 
@@ -37,7 +37,7 @@ def sglang_mask_layout() -> MaskLayout:
     return _LAYOUT_OF_MODE[mode]
 
 
-def verify_batch(forward_batch: ForwardBatch, req_to_token: torch.Tensor, layout: MaskLayout) -> PagedTreeBatch:
+def paged_tree_batch(forward_batch: ForwardBatch, req_to_token: torch.Tensor, layout: MaskLayout) -> PagedTreeBatch:
     """A TARGET_VERIFY ForwardBatch -> its PagedTreeBatch (page size 1: pages are token slots).
 
     In TARGET_VERIFY, seq_lens excludes the n verify rows and the worker has already laid the rows out in
@@ -67,7 +67,7 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
         super().init_forward_metadata(forward_batch)
         self.verify, self.windowed = None, {}
         if forward_batch.forward_mode.is_target_verify():
-            self.verify = verify_batch(forward_batch, self.req_to_token_pool.req_to_token, self.mask_layout)
+            self.verify = paged_tree_batch(forward_batch, self.req_to_token_pool.req_to_token, self.mask_layout)
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True):
         if not forward_batch.forward_mode.is_target_verify():

@@ -1,6 +1,6 @@
 """Acceptance benchmark: the step's batched acceptance (`sgl_dspark.step.accept`, on the logits' device, one
 transfer) against the per-request verifier it replaced (every verify row copied to the host in float32, then
-`verify_batch` request after request), on random chains: greedy batches and sampled ones. Median and min/max of
+`verify_requests` request after request), on random chains: greedy batches and sampled ones. Median and min/max of
 wall-clock milliseconds per step over repeats (the device synchronised around each). A benchmark, not a test.
 
     python benchmarks/accept_step.py --device cuda --out benchmarks/results/accept-step-cuda.json
@@ -23,7 +23,7 @@ from sgl_dspark.layout import accept_rows, pack_trees  # noqa: E402
 from sgl_dspark.sampling import SamplerBatch, SamplingParams  # noqa: E402
 from sgl_dspark.step import DecodeStep, StepRequest, accept  # noqa: E402
 from sgl_dspark.tree import DraftTree  # noqa: E402
-from sgl_dspark.verify import VerifyInput, verify_batch  # noqa: E402
+from sgl_dspark.verify import VerifyInput, verify_requests  # noqa: E402
 
 
 def case(batch: int, width: int, vocab: int, sampled: bool, device: str, rows_on: str = "cpu", shape: str = "chain"):
@@ -62,7 +62,7 @@ def batched(step, reqs, logits, sampler, width: int) -> None:
 
 def per_request(step, reqs, logits, sampler, width: int) -> None:
     host = logits.float().cpu().view(len(reqs), width, -1)
-    results = verify_batch([VerifyInput(g.tree, host[b], r.sampling, None, sampler)
+    results = verify_requests([VerifyInput(g.tree, host[b], r.sampling, None, sampler)
                             for b, (g, r) in enumerate(zip(step.trees, reqs))], torch.Generator().manual_seed(1))
     accept_rows(results, width, width)
 

@@ -7,7 +7,7 @@ step trace (the `trace` knob) are aggregated by benchmarks.acceptance_report. Wr
 markdown table is rendered from the JSON. A benchmark, not a test: numbers depend on the drafter and machine.
 
     python benchmarks/acceptance.py --prompts 8 --max-new-tokens 128 --temperatures 0 1 --out benchmarks/results
-    python benchmarks/acceptance.py --from-json benchmarks/results/acceptance.json --markdown --readme README.md
+    python benchmarks/acceptance.py --from-json benchmarks/results/acceptance.json --markdown --readme docs/results.md
 """
 
 import argparse
@@ -66,13 +66,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lookup", nargs="+", default=["on"], choices=["on", "off"], help="DSPARK lookup variants to run")
     p.add_argument("--no-ngram", action="store_true", help="skip the NGRAM baseline")
     p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.tools.models.default_drafter)")
-    p.add_argument("--dspark-args", nargs="*", default=[], help="more --speculative-dspark-* flags, e.g. a preset")
+    p.add_argument("--dspark-args", nargs="*", action="extend", default=[],
+                   help="more --speculative-dspark-* flags, each given as --dspark-args=--FLAG=VALUE (repeatable)")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (also the server's batch limit)")
     p.add_argument("--eval-dir", type=Path, default=EVAL_DIR)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for acceptance.json + PNGs")
     p.add_argument("--from-json", type=Path, help="skip the run: render from this report JSON")
     p.add_argument("--markdown", action="store_true", help="print the markdown table")
-    p.add_argument("--readme", type=Path, help="replace the table between the acceptance-table markers in this file")
+    p.add_argument("--readme", type=Path, help="replace the table between the acceptance-table markers in this file "
+                   "(docs/results.md)")
     return p.parse_args(argv)
 
 

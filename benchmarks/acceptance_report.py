@@ -197,7 +197,7 @@ def markdown_table(doc: dict) -> str:
 
 def splice_table(text: str, table: str, markers: tuple[str, str] = (TABLE_START, TABLE_END)) -> str | None:
     """Replace what lies between the table markers with `table`; None when the markers are absent."""
-    (opening, closing), start, end = markers, text.find(markers[0]), text.find(markers[1])
+    (opening, _closing), start, end = markers, text.find(markers[0]), text.find(markers[1])
     if start < 0 or end < start:
         return None
     return f"{text[:start + len(opening)]}\n{table}\n{text[end:]}"

@@ -5,10 +5,10 @@ All servers run side by side (plain, DSPARK with the flags a user types, DSPARK 
 one request is in flight at any time: every (prompt, constraint) is sent to each server in turn, rotating the
 order each repeat, so machine drift hits all configurations alike; speed-ups are ratios of the same request's
 tokens/s within one repeat. Greedy outputs are compared with plain's as they come (a mismatch is reported, never
-hidden). Prompts: first user turns of ../shared/data/eval sets, chat-templated. Writes constrained.json (.md) and the
-README table between the constrained-table markers.
+hidden). Prompts: first user turns of ../shared/data/eval sets, chat-templated. Writes constrained.json (.md) and,
+with --readme, the table between the constrained-table markers (docs/results.md).
 
-    python benchmarks/constrained.py --prompts 4 --max-new-tokens 96 --repeats 2 --readme README.md
+    python benchmarks/constrained.py --prompts 4 --max-new-tokens 96 --repeats 2 --readme docs/results.md
 
 Knob sweeps (the hybrid's lookup nodes, windows, thresholds) use the same harness: `--config NAME='FLAGS'`
 (repeatable) replaces the two DSPARK configurations with DSPARK + the shipped drafter + FLAGS, beside plain;
@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-dir", type=Path, default=EVAL_DIR)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--from-json", type=Path, help="skip the run: render from this JSON")
-    p.add_argument("--readme", type=Path, help="replace the table between the constrained-table markers")
+    p.add_argument("--readme", type=Path, help="replace the table between the constrained-table markers in this file "
+                   "(docs/results.md)")
     p.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS",
                    help="a DSPARK configuration: the shipped drafter plus FLAGS (repeatable; replaces the defaults)")
     p.add_argument("--constraints", nargs="+", choices=sorted(CONSTRAINTS), default=list(CONSTRAINTS))

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from sgl_dspark.drafter import DraftKnobs, Proposer, ProposeInput, pad_contexts
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from sgl_dspark.drafter.fresh import DRAFTER_BASE, random_drafter
 from sgl_dspark.sampling import SamplingParams
 
 
@@ -45,10 +45,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def drafter_config(a: argparse.Namespace) -> dict:
-    return tiny_hf_config(hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-                          head_dim=a.head_dim, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
-                          vocab_size=a.vocab, markov_rank=a.markov_rank, block_size=a.gamma,
-                          target_layer_ids=[1, 9, 17], num_target_layers=30, mask_token_id=a.vocab - 1)
+    return dict(DRAFTER_BASE, hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                head_dim=a.head_dim, intermediate_size=a.intermediate, num_hidden_layers=a.layers, vocab_size=a.vocab,
+                rms_norm_eps=1e-6, rope_theta=10000.0, markov_rank=a.markov_rank, block_size=a.gamma,
+                target_layer_ids=[1, 9, 17], num_target_layers=30, mask_token_id=a.vocab - 1)
 
 
 def make_input(drafter, batch: int, context: int, temperature: float) -> ProposeInput:

@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.drafting import make_input, time_case
 from sgl_dspark.drafter import DraftKnobs, Proposer
-from sgl_dspark.drafter.factory import random_drafter
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.training.export import read_curve
 
 SHIPPED = Path(__file__).resolve().parents[1] / "sgl_dspark" / "drafters" / "smollm2-135m-instruct"

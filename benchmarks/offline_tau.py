@@ -6,7 +6,7 @@ template as benchmarks/acceptance.py; plain server, greedy; the answers are kept
 drafter then drafts a block at every answer position, teacher-forced (sgl_dspark.training.rollout, the trainer's
 held-out evaluation at stride 1), and two means are reported per set: tau per anchor (every position alike, as in
 the trainer's curve) and tau per step (stepping as a server that verifies every drafted token does: what
-acceptance.py reports with --dspark-args=--speculative-dspark-scheduler=off, lookup off). A benchmark, not a test.
+acceptance.py reports with --dspark-args=--speculative-dspark-budget=off, lookup off). A benchmark, not a test.
 
     python -m benchmarks.offline_tau --drafter sgl_dspark/drafters/smollm2-135m-instruct --sets humaneval mbpp mt-bench
 """

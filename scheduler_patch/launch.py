@@ -9,7 +9,7 @@ and derive nothing again. Imports nothing else of the seam (so no reader closes 
 import dataclasses
 from typing import Any
 
-from sgl_dspark.config import DSparkConfig
+from sgl_dspark.config import DSparkKnobs
 from sgl_dspark.cost import StepCostTable
 from sgl_dspark.drafter.config import DrafterConfig
 from sgl_dspark.drafter.knobs import DraftKnobs
@@ -23,7 +23,7 @@ LAUNCH_ATTR = "_dspark_launch"
 class DSparkLaunch:
     """What the main process resolved for a DSPARK run, once; rides on the ServerArgs record into every process."""
 
-    config: DSparkConfig
+    config: DSparkKnobs
     drafter_path: str  # the drafter checkpoint folder (--speculative-draft-model-path)
     drafter: DrafterConfig = dataclasses.field(repr=False)  # its config.json, checked against the target
     draft_knobs: DraftKnobs = dataclasses.field(repr=False)  # the drafter's share of the knobs, with its calibration
@@ -34,10 +34,10 @@ class DSparkLaunch:
     device: str = "cpu"  # where the target runs (cpu or cuda)
 
     @classmethod
-    def of(cls, config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, attention_backend: str | None,
+    def of(cls, config: DSparkKnobs, drafter_path: str, drafter: DrafterConfig, attention_backend: str | None,
            calibration: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
            cost_table: StepCostTable | None = None, device: str = "cpu") -> "DSparkLaunch":
-        """The record from what was read; the verify width is computed here, once (DSparkConfig.verify_nodes).
+        """The record from what was read; the verify width is computed here, once (DSparkKnobs.verify_nodes).
         ValueError if the knobs do not fit the drafter's gamma."""
         lookup = config.lookup_knobs() if config.lookup and config.drafts else None  # max_verify 0: none verified
         return cls(config, drafter_path, drafter, config.draft_knobs(*calibration), lookup,

@@ -5,7 +5,8 @@ after plugins load in some processes), applies the named patches (all checked be
 drift ends the process with one line, since a half-patched SGLang would hand DSPARK to the builtin) and
 registers the attention backends. $SGL_DSPARK_IMPL=builtin hands the name DSPARK back to SGLang's builtin
 implementation (where it can run) and applies only the patches that are not about DSPARK. With no DSPARK
-requested, the only patch that changes SGLang's behaviour refuses prompts the model cannot run (request_checks.py: a 400 instead of a dead server).
+requested, the only patch that changes SGLang's behaviour refuses prompts the model cannot run (request_checks.py:
+a 400 instead of a dead server).
 """
 
 import os

@@ -1,6 +1,6 @@
 """DSPARK server arguments: the `--speculative-dspark-*` flags and the launch plan, resolved once in the main process.
 
-Patches: `dspark.cli_flags` adds `--speculative-dspark-preset` and one flag per DSparkConfig knob to SGLang's
+Patches: `dspark.cli_flags` adds `--speculative-dspark-preset` and one flag per DSparkKnobs knob to SGLang's
 parser; `dspark.cli_values` keeps the given ones on the ServerArgs record (`_dspark_flags`: bookkeeping, which
 ServerArgs pickles to the scheduler); `dspark.resolve` runs `prepare` before SGLang's resolution pipeline: build
 the config, refuse what we do not support, read and check the drafter against the target, read the calibration
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sgl_dspark.calibration import drafter_calibration
-from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkConfig, cli_flag, config_from_flags
+from sgl_dspark.config import KNOBS, PRESET_KNOB, RULES, DSparkKnobs, cli_flag, config_from_flags
 from sgl_dspark.cost import StepCostTable, load_cost_table
 from sgl_dspark.drafter.checkpoint import CONFIG_FILE, read_drafter_config, weight_files
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target
@@ -70,7 +70,7 @@ def prepare(record: Any) -> DSparkLaunch:
     return launch
 
 
-def _config(flags: dict[str, Any], drafter_dir: Path | None = None) -> DSparkConfig:
+def _config(flags: dict[str, Any], drafter_dir: Path | None = None) -> DSparkKnobs:
     """The knobs: configs/default.json <- the drafter folder's recommended.json <- the preset <- the flags."""
     try:
         config = config_from_flags(flags, drafter_dir)
@@ -150,7 +150,7 @@ def _drafter(root: Path, target: TargetSpec) -> DrafterConfig:
     return drafter
 
 
-def _launch(config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, backend: str | None,
+def _launch(config: DSparkKnobs, drafter_path: str, drafter: DrafterConfig, backend: str | None,
             device: str) -> DSparkLaunch:
     calibration, table = _calibration(config, drafter_path), _cost_table(config)
     try:
@@ -159,14 +159,14 @@ def _launch(config: DSparkConfig, drafter_path: str, drafter: DrafterConfig, bac
         raise StartupError(f"DSpark config does not fit the drafter (block_size {drafter.gamma}): {e}") from e
 
 
-def _calibration(config: DSparkConfig, drafter_path: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _calibration(config: DSparkKnobs, drafter_path: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     try:
         return drafter_calibration(config.calibration, drafter_path)
     except ValueError as e:
         raise StartupError(f"DSpark config: {e}") from e
 
 
-def _cost_table(config: DSparkConfig) -> StepCostTable | None:
+def _cost_table(config: DSparkKnobs) -> StepCostTable | None:
     try:
         return load_cost_table(config.cost_table) if config.cost_table else None
     except ValueError as e:
@@ -212,7 +212,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                                       "Knobs of --speculative-algorithm DSPARK; unset flags take the preset's value.")
     group.add_argument(cli_flag(PRESET_KNOB), type=str, default=None, metavar="NAME_OR_PATH",
                        help="A preset in sgl-dspark's configs/ (default, chain, tree, ...) or a JSON file of knobs.")
-    for field in dataclasses.fields(DSparkConfig):
+    for field in dataclasses.fields(DSparkKnobs):
         group.add_argument(cli_flag(field.name), type=_arg_type(field.type), default=None,
                            help=f"DSpark knob {field.name}: {RULES[field.name][1]}.")
 

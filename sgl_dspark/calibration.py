@@ -4,7 +4,7 @@ c' = sigmoid(logit(c) / T_j + b_j) at draft position j. With b = 0 this is the p
 Scaling (3.2.1); a temperature alone cannot remove a constant bias (a head that is 10 points too confident at every
 confidence), the bias can. Owns how the pair is applied, fitted (per position, the log loss of "position j accepted
 given all before it were", which Platt scaling minimises), reported (ECE and AUC of the cumulative product, the
-survival the scheduler plans with, before/after; reliability bins) and stored (JSON).
+survival the verify budget plans with, before/after; reliability bins) and stored (JSON).
 Pure torch; must not import SGLang or run the drafter (the rollouts it fits on are collected elsewhere).
 """
 

@@ -1,6 +1,7 @@
 """DSpark knobs: the one frozen, validated configuration and the one place that builds it (`load_config`).
 
-Owns the knob names, their validation rules, the presets in `configs/` (each merged over
+Owns the knob names, their validation rules, the presets in the top-level `configs/` (`sgl_dspark/configs` links
+there, so wheels carry them as package data; each merged over
 `configs/default.json`, the only place defaults live) and how CLI-style overrides merge over a preset.
 Must not read env vars or import SGLang; the SGLang seam passes its flags in through `cli_overrides`.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEDULER_MODES = ("prefix", "lagged", "off")
+BUDGET_MODES = ("prefix", "lagged", "off")
 GEMM_MODES = ("onednn", "native")
 DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 PRESET_DIR = Path(__file__).resolve().parent / "configs"  # package data: found by wheel installs too
@@ -24,7 +25,7 @@ PRESET_KNOB = "preset"  # --speculative-dspark-preset chooses the preset rather 
 
 
 @dataclass(frozen=True)
-class DSparkConfig:
+class DSparkKnobs:
     max_window: int | None  # gamma cap: most draft positions on the main chain (None: the drafter's gamma)
     min_window: int  # draft positions always drafted, whatever the survival
     survival_threshold: float  # a branch stops once its survival falls below this (0: never)
@@ -32,10 +33,11 @@ class DSparkConfig:
     tree_width: int  # most candidates per tree position (1 = chain)
     max_tree_nodes: int | None  # most draft nodes per request, anchor excluded (None: max_window * tree_width)
     sampled_trees: bool  # with tree_width > 1, sampled requests branch too: i.i.d. siblings, recursive rejection
-    scheduler: str  # verify-budget mode, one of SCHEDULER_MODES
-    min_verify: int  # draft nodes every request verifies whatever the scheduler says (if drafted)
+    budget: str  # which drafted nodes the target verifies: "prefix" (priced by the step-cost table, early stop),
+    # "lagged" (a budget from confidences two steps old) or "off" (all drafted)
+    min_verify: int  # draft nodes every request verifies whatever the verify budget says (if drafted)
     max_verify: int | None  # most draft nodes one request verifies (None: no cap; 0: none, no drafting)
-    latency_target_ms: float | None  # per-user step-latency target; the scheduler shrinks B to meet it
+    latency_target_ms: float | None  # per-user step-latency target; the verify budget shrinks B to meet it
     cost_refit_alpha: float  # weight of one measured step in the online cost-table refit (0: frozen table)
     cost_table: str | None  # step-cost table JSON (sgl_dspark.cost); None: profile at start-up
     cost_table_out: str | None  # write the table (profiled/loaded, then refitted) here; None: do not save
@@ -54,7 +56,8 @@ class DSparkConfig:
     # (measured neutral on a 2-core CPU: the shorter wait is paid back by memory-bandwidth contention)
     draft_dtype: str  # the drafter's dtype: "float32", "bfloat16", or "auto" (bfloat16 on a GPU, or where the CPU
     # has bf16 GEMM)
-    gate: bool  # per step, only requests whose speculation is predicted to pay for the whole step draft (sgl_dspark.gate)
+    gate: bool  # per step, only requests whose speculation is predicted to pay for the whole step draft
+    # (sgl_dspark.gate)
     gate_margin: float  # predicted tokens/s must beat plain decoding's by this share for anyone to speculate
 
     def __post_init__(self) -> None:
@@ -143,7 +146,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tree_width": (_int_at_least(1), "an integer >= 1 (1 = chain)"),
     "sampled_trees": (lambda v: isinstance(v, bool), "true | false"),
     "max_tree_nodes": (_optional(_int_at_least(1)), "null or an integer >= 1"),
-    "scheduler": (lambda v: v in SCHEDULER_MODES, " | ".join(SCHEDULER_MODES)),
+    "budget": (lambda v: v in BUDGET_MODES, " | ".join(BUDGET_MODES)),
     "min_verify": (_int_at_least(0), "an integer >= 0"),
     "max_verify": (_optional(_int_at_least(0)), "null or an integer >= 0 (0: verify no drafts)"),
     "latency_target_ms": (_optional(_number_in(0, math.inf, lo_open=True)), "null or a number > 0"),
@@ -165,12 +168,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gate": (lambda v: isinstance(v, bool), "true | false"),
     "gate_margin": (_number_in(0, 1), "a number in [0, 1]"),
 }
-KNOBS = tuple(f.name for f in dataclasses.fields(DSparkConfig))
+KNOBS = tuple(f.name for f in dataclasses.fields(DSparkKnobs))
 assert set(RULES) == set(KNOBS), "every knob needs exactly one rule"
 
 
 def load_config(preset: str | Path = DEFAULT_PRESET, overrides: Mapping[str, Any] | None = None,
-                recommended: Path | None = None) -> DSparkConfig:
+                recommended: Path | None = None) -> DSparkKnobs:
     """The one builder: configs/default.json <- the drafter's recommended knobs <- the preset <- overrides (later
     wins).
 
@@ -188,7 +191,7 @@ def load_config(preset: str | Path = DEFAULT_PRESET, overrides: Mapping[str, Any
         merged |= _check_known(read_preset(preset_path(preset)), f"preset {preset}")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     merged |= _check_known(given, "overrides")
-    return DSparkConfig(**merged)
+    return DSparkKnobs(**merged)
 
 
 RECOMMENDED_FILE = "recommended.json"  # in a drafter folder: its measured-best knobs, in the preset format
@@ -222,7 +225,7 @@ def _check_known(knobs: dict[str, Any], source: str) -> dict[str, Any]:
     return knobs
 
 
-def config_from_flags(flags: Mapping[str, Any], drafter_dir: str | Path | None = None) -> DSparkConfig:
+def config_from_flags(flags: Mapping[str, Any], drafter_dir: str | Path | None = None) -> DSparkKnobs:
     """Server-args style flags -> config: the drafter folder's recommended knobs (if it has them), then
     `--speculative-dspark-preset`'s, then the other `--speculative-dspark-*` flags."""
     knobs = cli_overrides(flags)

@@ -62,7 +62,7 @@ class LinearCost:
 class StepCosts:
     """One decode step's seconds as a function of (requests drafting k, batch tokens B, requests R)."""
 
-    verify: StepCostTable  # the target's forward over B tokens (the scheduler's table, refitted by it)
+    verify: StepCostTable  # the target's forward over B tokens (the verify budget's table, refitted by it)
     draft: LinearCost  # drafting + planning + packing when k >= 1 requests draft, by k (the call's fixed cost in
     # the intercept)
     floor: LinearCost  # planning + packing when none drafts, by requests

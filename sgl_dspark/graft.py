@@ -7,12 +7,12 @@ not propose candidates (sgl_dspark.lookup does), schedule or verify.
 
 Exactness. Lookup nodes are deterministic: one-hot draft_probs rows, appended after every drafter node, so
 at any parent the drafter's (sampled) children are tried first by the multi-candidate recursion. A sampled
-node's row is only right if whether it is verified never depends on its own token (scheduler.py), so for a
+node's row is only right if whether it is verified never depends on its own token (budget.py), so for a
 sampled tree (draft_probs given) the lookup branches hang off the root untouched by the drafter's tokens until
-the scheduler has chosen; `Grafted.select` then folds each lookup node into a verified earlier sibling with
+the verify budget has chosen; `Grafted.select` then folds each lookup node into a verified earlier sibling with
 the same token (tests/unit/test_lookup.py shows merging first biases the output). For the same reason the
 lookup's node budget is a constant, never what the drafter's tree left over. A greedy tree (draft_probs None)
-is verified by argmax, so there chains merge into drafter nodes before planning and the scheduler sees the
+is verified by argmax, so there chains merge into drafter nodes before planning and the verify budget sees the
 shared prefix.
 """
 
@@ -45,7 +45,7 @@ class Grafted:
         return ~self.neural & (self.group >= 0)
 
     def select(self, keep: torch.Tensor) -> "Grafted":
-        """The scheduler's selection `keep` [m] (sorted, prefix-closed), duplicate siblings folded."""
+        """The verify budget's selection `keep` [m] (sorted, prefix-closed), duplicate siblings folded."""
         keep = keep.sort().values
         return fold(Grafted(subtree(self.tree, keep), self.neural[keep], self.group[keep]))
 

@@ -24,8 +24,8 @@ class VerifyRows:
 
 
 @dataclass(frozen=True)
-class VerifyBatch:
-    """What one step's verify forward runs on (scheduler_patch/runtime/verify_batch.py puts it on SGLang's batch)."""
+class VerifyForwardInput:
+    """What one step's verify forward runs on (scheduler_patch/runtime/verify_mode.py puts it on SGLang's batch)."""
 
     tokens: torch.Tensor  # [bs * width] int64 verify rows, request after request
     positions: torch.Tensor  # [bs * width] int64
@@ -73,17 +73,17 @@ def pack_trees(trees: list[DraftTree], seq_lens: list[int], width: int | None = 
     return VerifyRows(torch.cat(tokens), torch.cat(positions), torch.stack(masks), sizes, width, torch.stack(parents))
 
 
-def verify_batch_of(rows: VerifyRows, seq_lens: list[int], prefix_columns: bool) -> VerifyBatch:
+def verify_forward_input(rows: VerifyRows, seq_lens: list[int], prefix_columns: bool) -> VerifyForwardInput:
     """The packed rows as the verify forward takes them; `prefix_columns`: the attention backend wants each mask row
     to cover the request's cached prefix too (GPUs), else the draft block only (CPU).
 
     Example: one chain [5, 6] after 3 cached tokens, width 2: mask [1, 0, 1, 1] without prefix columns,
     [1, 1, 1, 1, 0, 1, 1, 1, 1, 1] with them."""
     if not prefix_columns:
-        return VerifyBatch(rows.tokens, rows.positions, rows.mask.flatten(), rows.width)
+        return VerifyForwardInput(rows.tokens, rows.positions, rows.mask.flatten(), rows.width)
     parts = [torch.cat([torch.ones(rows.width, n, dtype=torch.bool), m], 1).flatten()
              for m, n in zip(rows.mask, seq_lens)]
-    return VerifyBatch(rows.tokens, rows.positions, torch.cat(parts), rows.width)
+    return VerifyForwardInput(rows.tokens, rows.positions, torch.cat(parts), rows.width)
 
 
 def accept_rows(results: list[VerifyResult], width: int, stride: int) -> AcceptRows:

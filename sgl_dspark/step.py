@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sgl_dspark.config import DSparkConfig
+from sgl_dspark.config import DSparkKnobs
 from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_scaling, bias_row, grammar_masks,
                                    scaling_rows)
 from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerUnavailable
@@ -24,7 +24,7 @@ from sgl_dspark.acceptance import matched_path, path_rows, sample_chains, sample
 from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, verify_results
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
-from sgl_dspark.scheduler import PlanInput, Scheduler
+from sgl_dspark.budget import PlanInput, BudgetPolicy
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.tree import DraftTree, depths
 from sgl_dspark.verify import VerifyResult
@@ -57,9 +57,9 @@ class StepRequest:
 class StepParts:
     """What a decode step drafts and plans with, built once (the worker's, or a test's)."""
 
-    config: DSparkConfig
+    config: DSparkKnobs
     client: DraftClient
-    scheduler: Scheduler
+    budget: BudgetPolicy
     lookup: LookupRegistry | None  # None: lookup off
     gate: Gate | None  # None: every request drafts every step
     vocab: int
@@ -157,7 +157,7 @@ def draft_and_plan(parts: StepParts, reqs: Sequence[StepRequest]) -> DecodeStep:
     else:
         blocks = with_lookup(parts, reqs, draft(parts, reqs, speculate))
     blocks = [Grafted.plain(root_only(r, parts.vocab)) if r.custom else g for g, r in zip(blocks, reqs)]
-    plan = parts.scheduler.plan(plan_input(parts, blocks, sum(speculate)))
+    plan = parts.budget.plan(plan_input(parts, blocks, sum(speculate)))
     selected = [g.select(keep) for g, keep in zip(blocks, plan.selections)]
     widest = max(g.tree.size for g in selected)
     if widest > parts.stride:  # never write past the KV SGLang reserved (launch.verify_tokens per request)
@@ -174,7 +174,7 @@ def speculating(parts: StepParts, reqs: Sequence[StepRequest]) -> list[bool]:
     a request with a custom logit processor)."""
     if not parts.config.drafts:
         return [False] * len(reqs)
-    table = getattr(parts.scheduler, "cost_table", None)
+    table = getattr(parts.budget, "cost_table", None)
     if parts.gate is None or table is None:
         return [not r.custom for r in reqs]
     decision: Decision = parts.gate.decide([r.rid for r in reqs], table)
@@ -216,8 +216,8 @@ def draft(parts: StepParts, reqs: Sequence[StepRequest], speculate: list[bool]) 
 
 def with_lookup(parts: StepParts, reqs: Sequence[StepRequest], trees: list[DraftTree]) -> list[Grafted]:
     """Graft the request's own-context lookup chains, and the suffix cache's from other requests' histories, onto its
-    tree (lookup knob): onto the drafter's, or onto the anchor alone where the gate held drafting back (lookup costs no drafter call; the scheduler prices its
-    verification like any draft node's)."""
+    tree (lookup knob): onto the drafter's, or onto the anchor alone where the gate held drafting back (lookup costs
+    no drafter call; the verify budget prices its verification like any draft node's)."""
     if parts.lookup is None:
         return [Grafted.plain(t) for t in trees]
     entries = [parts.lookup.sync(r.rid, r.prompt, r.output) for r in reqs]
@@ -227,7 +227,7 @@ def with_lookup(parts: StepParts, reqs: Sequence[StepRequest], trees: list[Draft
 
 
 def plan_input(parts: StepParts, blocks: list[Grafted], drafted: int) -> PlanInput:
-    """The scheduler prices the verify budget with the whole step: what drafting took and the gate's model of the
+    """The verify budget is priced with the whole step: what drafting took and the gate's model of the
     rest (acceptance, commit, SGLang's share)."""
     trees = tuple(g.tree for g in blocks)
     if parts.gate is None:

@@ -23,7 +23,7 @@ class StepTrace:
     verified: int  # draft nodes the target verified (root excluded)
     tau: int  # tokens committed by the step, bonus included
     reached: int  # deepest position tried on the accepted path: tau - 1, plus 1 when a child of its end was verified
-    chain_conf: list[float]  # [L] confidences of the verified main-chain positions 1..L, as the scheduler saw them
+    chain_conf: list[float]  # [L] confidences of the verified main-chain positions 1..L, as the verify budget saw them
     chain_accepted: int  # leading main-chain positions accepted (<= L)
     lookup_accepted: int  # accepted tokens only the lookup proposed
 

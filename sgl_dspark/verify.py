@@ -21,7 +21,7 @@ a one-hot q_i. The pieces that keep (a) and (b):
   and confidences come from the request's context and past statistics, not from this step's draws; folding a
   lookup node into an equal elder sibling after scheduling only drops a candidate whose presence depends on
   that elder sibling's token, which (b) allows;
-- the scheduler (sgl_dspark.scheduler) admits nodes in order of survival, ties to the shallower node, so a
+- the verify budget (sgl_dspark.budget) admits nodes in order of survival, ties to the shallower node, so a
   node's admission depends only on nodes ranked before it: other requests' blocks (independent draws), its
   ancestors, and lookup nodes; never its own token or its descendants (the lagged mode's budget comes from
   earlier steps).
@@ -61,7 +61,7 @@ class VerifyResult:
 
 @dataclass(frozen=True)
 class VerifyInput:
-    """One request's per-step input to `verify_batch`."""
+    """One request's per-step input to `verify_requests`."""
 
     tree: DraftTree
     target_logits: torch.Tensor  # [n, V]: row i is the target's next-token logits after node i
@@ -121,7 +121,7 @@ def verify(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams,
     return verify_sampling(tree, target_probs(target_logits, params, batch), generator)
 
 
-def verify_batch(inputs: Sequence[VerifyInput],
+def verify_requests(inputs: Sequence[VerifyInput],
                  generator: "Draws | torch.Generator | None" = None) -> list[VerifyResult]:
     """Verify every request of a step, in order, drawing from one generator."""
     return [verify(x.tree, x.target_logits, x.params, generator, x.choices, x.batch) for x in inputs]

@@ -18,9 +18,10 @@ from sgl_dspark.cost import from_measurements
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftWorkerUnavailable
 from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.drafter import TargetWeights
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
-from sgl_dspark.scheduler import StepResult, make_scheduler
+from sgl_dspark.budget import StepResult, make_budget
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
 from sgl_dspark.suffix import lookup_registry
@@ -143,7 +144,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         lookup.suffix.add(history)
     run = Run([[p[-1]] for p in prompts])
     stride = 1 + cfg.verify_nodes(drafter_on.config.gamma)
-    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, target.vocab, stride,
+    parts = StepParts(cfg, client, make_budget(cfg, COST), lookup, None, target.vocab, stride,
                       draft_failed=lambda exc: run.faults.append(exc.cause))
     pool = torch.arange(len(prompts) * SLOTS).view(len(prompts), SLOTS)  # [request, position] -> KV slot
     slots = list(pool)
@@ -155,9 +156,9 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
     while min(len(o) for o in run.outputs) <= tokens:
         reqs = [StepRequest(f"r{b}", prompts[b][:-1], tuple(run.outputs[b]), len(prompts[b]) + len(run.outputs[b]) - 2,
                             slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
+        observe = None if on_step is None else (lambda step, logits, reqs=reqs: on_step(step, reqs, logits, sampler))
         done = decode_step(parts, reqs, lambda step: Verified(*target.verify(step.rows, step.seq_lens)), sampler,
-                           generator, None if on_step is None else lambda step, logits: on_step(step, reqs, logits,
-                                                                                                 sampler))
+                           generator, observe)
         step, verdict, commit = done.step, done.verdict, done.commit
         target.commit(verdict.host)
         hidden = done.verified.hidden
@@ -165,7 +166,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
                                            hidden[commit.kept.to(hidden.device)]))  # the drafter's context grows
         run.lookup_tokens += done.lookup_tokens
         run.steps += 1
-        parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
+        parts.budget.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
         for b, result in enumerate(verdict.results):
             emitted = result.emitted_tokens.tolist()
             run.outputs[b] += emitted

@@ -1,7 +1,7 @@
 """A small random-weight Llama-shaped target in plain torch (RMSNorm, RoPE, grouped-query attention, SwiGLU) with a
 KV cache per request: the target the decode step verifies against where SGLang is absent (the GPU machine) or too
 heavy (unit tests). Its verify forward reads the step's rows with the tree mask and the prefix columns, as SGLang's
-FlashInfer backend gets them (`layout.verify_batch_of`); its commit keeps the K/V of the rows on the accepted path,
+FlashInfer backend gets them (`layout.verify_forward_input`); its commit keeps the K/V of the rows on the accepted path,
 as the worker's commit keeps them; it hands the drafter the outputs of its capture layers, as SGLang's capture hook
 does. Float64, so no batch shape can flip an argmax.
 """
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_dspark.drafter.factory import hf_config_for_target, random_drafter
+from sgl_dspark.drafter.fresh import hf_config_for_target, random_drafter
 from sgl_dspark.drafter.model import TargetWeights
-from sgl_dspark.layout import AcceptRows, verify_batch_of
+from sgl_dspark.layout import AcceptRows, verify_forward_input
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class LlamaTarget:
         """The step's packed rows (VerifyRows) -> (logits [bs * width, V], features [bs * width, F]), request by
         request over each one's cache, with the mask the GPU backend reads (prefix columns first)."""
         width = rows.width
-        mask = verify_batch_of(rows, seq_lens, prefix_columns=True).mask
+        mask = verify_forward_input(rows, seq_lens, prefix_columns=True).mask
         outs, at = [], 0
         for b, n in enumerate(seq_lens):
             span = width * (n + width)

@@ -1,7 +1,7 @@
 """The step-cost table of a running server: profiled at start-up from the target's own verify forward, and saved.
 
 Owns the start-up profile (dummy TARGET_VERIFY batches run through SGLang's model runner and the configured
-attention backend, timed by `cost.profile`) and `SavingScheduler`, which writes the refitted table to a file.
+attention backend, timed by `cost.profile`) and `SavingBudget`, which writes the refitted table to a file.
 Must not keep KV or request rows it borrows: the dummy batches use free pool slots before any request exists
 and clear the request rows afterwards.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from sgl_dspark.cost import StepCostTable, profile, save_cost_table
-from sgl_dspark.layout import pack_trees, verify_batch_of
-from sgl_dspark.scheduler import PlanInput, Scheduler, StepResult, VerifyPlan
+from sgl_dspark.layout import pack_trees, verify_forward_input
+from sgl_dspark.budget import PlanInput, BudgetPolicy, StepResult, VerifyPlan
 from sgl_dspark.tree import DraftTree
 
 PROFILE_MAX_TOKENS = 64  # the largest batch timed; the table extrapolates linearly beyond it
@@ -67,7 +67,7 @@ class VerifyStep:
         slots = 1 + torch.arange(requests * (context + width), device=device).view(requests, -1)
         pool[:requests, :context + width] = slots.to(pool.dtype)
         chains = [DraftTree.chain(torch.ones(width, dtype=torch.long), torch.ones(width))] * requests
-        rows = verify_batch_of(pack_trees(chains, [context] * requests), [context] * requests,
+        rows = verify_forward_input(pack_trees(chains, [context] * requests), [context] * requests,
                                prefix_columns=device != "cpu")  # the mask the worker builds for this device
         positions = rows.positions.to(device)
         spec = NgramVerifyInput(draft_token=torch.ones(tokens, dtype=torch.long, device=device),
@@ -115,11 +115,11 @@ def describe(table: StepCostTable) -> str:
     return f"tokens={list(table.tokens)} ms={[round(s * 1000, 1) for s in table.seconds]}"
 
 
-class SavingScheduler:
-    """A scheduler that writes its cost table to `path` when given one and, refitted, every `every` observed steps.
-    `cost_table` reads and sets the inner scheduler's table (the "off" mode has none; the last one set is kept)."""
+class SavingBudget:
+    """A verify budget that writes its cost table to `path` when given one and, refitted, every `every` observed steps.
+    `cost_table` reads and sets the inner budget's table (the "off" mode has none; the last one set is kept)."""
 
-    def __init__(self, inner: Scheduler, table: StepCostTable, path: str, every: int, meta: dict | None = None):
+    def __init__(self, inner: BudgetPolicy, table: StepCostTable, path: str, every: int, meta: dict | None = None):
         self.inner, self.path, self.every, self.meta = inner, path, max(every, 1), meta or {}
         self.table = table
         self.steps = 0

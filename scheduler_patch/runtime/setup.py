@@ -1,7 +1,7 @@
 """What the SGLang worker is built from, assembled once at start-up from the launch record and the target.
 
 Owns: the drafter bound to the target's embedding/LM head, the target-side feature capture, the draft client, the
-step-cost table and the verify scheduler. Resolves nothing the launch record (scheduler_patch/launch.py) holds:
+step-cost table and the verify budget. Resolves nothing the launch record (scheduler_patch/launch.py) holds:
 the config, the drafter's config, the knobs and the verify width come from it. Errors name their cause.
 Reaches into SGLang's model runner and model (their capture hooks, layers, pools); the algorithm it assembles
 comes from sgl_dspark.
@@ -12,17 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_dspark.config import DSparkConfig
+from sgl_dspark.config import DSparkKnobs
 from sgl_dspark.cost import StepCostTable, from_measurements
 from sgl_dspark.draft_worker.client import DraftClient
 from sgl_dspark.drafter import TargetSpec, TargetWeights
 from sgl_dspark.observe import WorkerMetrics
 from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter
-from sgl_dspark.scheduler import Scheduler, make_scheduler
+from sgl_dspark.budget import BudgetPolicy, make_budget
 from sgl_dspark.streams import DRAFT, stream_seed
 
 from scheduler_patch.launch import DSparkLaunch
-from scheduler_patch.runtime.profiler import SavingScheduler, startup_table
+from scheduler_patch.runtime.profiler import SavingBudget, startup_table
 from scheduler_patch.target_gemm import pack_target
 
 logger = logging.getLogger("sgl_dspark")
@@ -40,10 +40,10 @@ class WorkerSetup:
     target_path: str
     target: TargetSpec
     target_weights: TargetWeights  # the running target's own tensors (used only by the in-process client)
-    scheduler: Scheduler
+    budget: BudgetPolicy
 
     @property
-    def config(self) -> DSparkConfig:
+    def config(self) -> DSparkKnobs:
         return self.launch.config
 
     def make_client(self, num_slots: int, random_seed: int) -> DraftClient:
@@ -162,19 +162,19 @@ def build_setup(launch: DSparkLaunch, server_args, model_runner) -> WorkerSetup:
     if str(model_runner.device) == "cpu" and config.cpu_gemm == "onednn":
         use_packed_gemm(model)
     table = launch.cost_table or prior_cost_table()
-    scheduler = make_scheduler(config, table)
+    budget = make_budget(config, table)
     if config.cost_table_out:
-        scheduler = SavingScheduler(scheduler, table, config.cost_table_out, log_interval(server_args),
+        budget = SavingBudget(budget, table, config.cost_table_out, log_interval(server_args),
                                     {"model": server_args.model_path, "device": str(model_runner.device)})
-    return WorkerSetup(launch, server_args.model_path, target, target_weights(model), scheduler)
+    return WorkerSetup(launch, server_args.model_path, target, target_weights(model), budget)
 
 
 def start_cost_table(setup: WorkerSetup, model_runner) -> None:
-    """Once SGLang has made the KV pools and attention backends: give the scheduler a table profiled on this
+    """Once SGLang has made the KV pools and attention backends: give the verify budget a table profiled on this
     hardware (unless one was given, or nothing would use or save it); with cost_table_out, save the table."""
-    config, scheduler = setup.config, setup.scheduler
-    table = getattr(scheduler, "cost_table", None) or prior_cost_table()
-    if not config.cost_table and (config.scheduler != "off" or config.cost_table_out):
+    config, budget = setup.config, setup.budget
+    table = getattr(budget, "cost_table", None) or prior_cost_table()
+    if not config.cost_table and (config.budget != "off" or config.cost_table_out):
         table = startup_table(model_runner, setup.launch.verify_tokens, table)
-    if hasattr(scheduler, "cost_table"):  # the "off" scheduler has none (unless wrapped to save one)
-        scheduler.cost_table = table
+    if hasattr(budget, "cost_table"):  # the "off" budget has none (unless wrapped to save one)
+        budget.cost_table = table

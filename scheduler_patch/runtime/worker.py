@@ -20,11 +20,11 @@ from sgl_dspark.constraints import Penalties
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
 from sgl_dspark.gate import Gate, GatedStep, initial_costs
-from sgl_dspark.layout import AcceptRows, verify_batch_of
+from sgl_dspark.layout import AcceptRows, verify_forward_input
 from sgl_dspark.suffix import lookup_registry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
-from sgl_dspark.scheduler import StepResult
+from sgl_dspark.budget import StepResult
 from sgl_dspark.seeded import seeded_from_probs
 from sgl_dspark.step import DecodeStep, StepOutcome, StepParts, StepRequest, Verified, decode_step, draft_batch
 from sgl_dspark.streams import VERIFY, stream
@@ -33,7 +33,7 @@ from sgl_dspark.verify import VerifyResult
 
 from scheduler_patch.launch import launch_of
 from scheduler_patch.runtime.setup import WorkerSetup, build_setup, prior_cost_table, start_cost_table, worker_metrics
-from scheduler_patch.runtime.verify_batch import verifying
+from scheduler_patch.runtime.verify_mode import verifying
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class DSparkWorker(BaseSpecWorker):
         self.speculative_num_draft_tokens = self.stride
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
         self.parts: StepParts | None = None  # the step's collaborators (sgl_dspark.step), with the client
-        self.scheduler = self.setup.scheduler
+        self.budget = self.setup.budget
         self.lookup = None if self.launch.lookup is None else \
             lookup_registry(self.launch.lookup, self.setup.config.suffix_cache_tokens)
         self.metrics = worker_metrics(server_args)
@@ -108,7 +108,7 @@ class DSparkWorker(BaseSpecWorker):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
         kv = self.token_to_kv_pool_allocator.get_kvcache()
         self.client = self.setup.make_client(kv.size + kv.page_size, int(self.server_args.random_seed or 0))
-        self.parts = StepParts(self.setup.config, self.client, self.scheduler, self.lookup, self.gate, self.vocab,
+        self.parts = StepParts(self.setup.config, self.client, self.budget, self.lookup, self.gate, self.vocab,
                                self.stride, self.draft_failed)
 
     def init_cuda_graphs(self):
@@ -203,7 +203,7 @@ class DSparkWorker(BaseSpecWorker):
     def verify(self, batch, step: DecodeStep, clock: StepClock) -> Verified:
         """The target's forward on the step's verify rows (SGLang's batch carries them for its duration)."""
         clock.mark_drafted()
-        with verifying(batch, verify_batch_of(step.rows, step.seq_lens, self.full_mask),
+        with verifying(batch, verify_forward_input(step.rows, step.seq_lens, self.full_mask),
                        self.req_to_token_pool.req_to_token, self.device):
             out = self.target_worker.forward_batch_generation(batch, is_verify=True)
         clock.mark_verified()
@@ -223,8 +223,8 @@ class DSparkWorker(BaseSpecWorker):
                                for req, g, n, r in zip(batch.reqs, step.trees, step.drafted, results)])
 
     def observe(self, batch, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int) -> None:
-        """The step's cost to the scheduler (its online refit) and to the gate, its statistics to the metrics."""
-        self.scheduler.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
+        """The step's cost to the verify budget (its online refit) and to the gate, its statistics to the metrics."""
+        self.budget.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
         verified, taus, tail_s = step.rows.sizes.tolist(), accepted.accept_lens.tolist(), clock.since_verified()
         if self.gate is not None:
             host_s = None if self.last_decode_end is None else clock.start - self.last_decode_end

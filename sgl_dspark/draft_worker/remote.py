@@ -62,7 +62,7 @@ def unavailable_on_error(call: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How to run the worker; the SGLang seam builds it from DSparkConfig (knobs) and the server args."""
+    """How to run the worker; the SGLang seam builds it from DSparkKnobs (knobs) and the server args."""
 
     drafter_path: str  # drafter checkpoint folder
     target_path: str  # target HF safetensors folder (embedding; lm_head unless tied)

@@ -16,6 +16,8 @@ from sgl_dspark.drafter.sequential import grow_trees
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.tree import DraftTree
 
+DEFAULT_DRAFT_KNOBS = DraftKnobs()
+
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -48,7 +50,7 @@ class ProposeOutput:
 class Proposer:
     """Binds a drafter to its knobs once; `propose` is then a pure function of the input record."""
 
-    def __init__(self, drafter: DSparkDrafter, knobs: DraftKnobs = DraftKnobs()) -> None:
+    def __init__(self, drafter: DSparkDrafter, knobs: DraftKnobs = DEFAULT_DRAFT_KNOBS) -> None:
         self.drafter = drafter
         self.knobs = knobs.resolve(drafter.config.gamma)
 

@@ -87,7 +87,7 @@ def default_drafter(model_path: str | Path) -> str:
     shipped = (source_of(model_path) or SMOLLM2).drafter
     if (shipped / "config.json").is_file():
         return str(shipped)
-    from sgl_dspark.drafter.factory import save_random_drafter_for
+    from sgl_dspark.drafter.fresh import save_random_drafter_for
 
     out = Path(model_path).parent.parent / "drafters" / f"random-{Path(model_path).name.lower()}"
     if not (out / "config.json").is_file():

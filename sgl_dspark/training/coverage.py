@@ -12,8 +12,10 @@ import torch
 from sgl_dspark.lookup import LookupIndex, LookupKnobs
 from sgl_dspark.trace import leading_matches
 
+DEFAULT_LOOKUP_KNOBS = LookupKnobs()
 
-def lookup_depths(ids: Sequence[int], gamma: int, knobs: LookupKnobs = LookupKnobs()) -> torch.Tensor:
+
+def lookup_depths(ids: Sequence[int], gamma: int, knobs: LookupKnobs = DEFAULT_LOOKUP_KNOBS) -> torch.Tensor:
     """[T] for each anchor a (the history is ids[:a+1], as when serving at that token): how many of the next
     tokens ids[a+1:a+1+gamma] the best lookup chain gets right in a row (0..gamma).
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_dspark.drafter.config import parse_drafter_config
-from sgl_dspark.drafter.factory import hf_config_for_target
+from sgl_dspark.drafter.fresh import hf_config_for_target
 from sgl_dspark.drafter.model import DSparkDrafter, TargetWeights
 from sgl_dspark.training.target import FrozenTarget
 

@@ -85,8 +85,8 @@ def optimizer_for(drafter: DSparkDrafter, spec: RunSpec) -> torch.optim.Optimize
     copied = [p for n, p in drafter.named_parameters() if n.startswith("layers.") and p.requires_grad]
     ids = {id(p) for p in copied}
     rest = [p for p in drafter.parameters() if p.requires_grad and id(p) not in ids]
-    return torch.optim.AdamW([{"params": copied, "lr": spec.lr * spec.copied_lr_scale}, {"params": rest, "lr": spec.lr}],
-                             betas=(0.9, 0.95), weight_decay=0.0)
+    groups = [{"params": copied, "lr": spec.lr * spec.copied_lr_scale}, {"params": rest, "lr": spec.lr}]
+    return torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=0.0)
 
 
 LR_SCHEDULES = ("cosine", "constant")
@@ -218,7 +218,8 @@ def loop(spec, drafter, opt, cache, train_ex, held, to_draft, step, elapsed, off
             save_state(out, drafter, opt, step, elapsed)
             last_save = elapsed
         if elapsed - last_eval > spec.eval_every_min * 60:
-            tqdm.write(f"eval @{elapsed / 60:.1f} min: {evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60, offset)}")
+            report = evaluate(drafter, cache, held, to_draft, out, step, elapsed / 60, offset)
+            tqdm.write(f"eval @{elapsed / 60:.1f} min: {report}")
             last_eval = elapsed
     bar.close()
     save_state(out, drafter, opt, step, elapsed)
@@ -249,7 +250,8 @@ def parse_args(argv: list[str] | None) -> RunSpec:
                    help="a new drafter's Markov head: the training data's bigram PMI, low-rank (default: it learns "
                         "faster, benchmarks.learning) or zero (paper)")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="cosine",
-                   help="cosine: decay to 10%% over --minutes; constant: full rate after warm-up (runs continued later)")
+                   help="cosine: decay to 10%% over --minutes; constant: full rate after warm-up "
+                        "(runs continued later)")
     p.add_argument("--complement", type=float, default=0.0,
                    help="complementary training: CE/TV weight taken off positions the lookup branch covers (0-1)")
     p.add_argument("--top-k", type=int, default=TOP_K, help="target distribution entries kept per position")

@@ -25,7 +25,7 @@ False here, which keeps every ``torch.ops.sgl_kernel.*_cpu`` call site off.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _PREFIX = "sgl_kernel CPU stand-in"
 

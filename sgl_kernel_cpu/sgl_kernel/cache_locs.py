@@ -9,7 +9,6 @@ Semantics follow SGLang's Triton kernels for the same ops:
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -77,7 +76,7 @@ def fill_accept_out_cache_loc_cpu(
     accept_index: torch.Tensor,
     out_cache_loc: torch.Tensor,
     accept_out_cache_loc: torch.Tensor,
-    size: Optional[int] = None,
+    size: int | None = None,
 ) -> None:
     """Compact the KV slots of accepted tokens, in place.
 
@@ -127,7 +126,7 @@ def rotate_input_ids_cpu(
     extend_start_loc: torch.Tensor,
     extend_seq_lens: torch.Tensor,
     topk_index: torch.Tensor,
-    select_index: Optional[torch.Tensor] = None,
+    select_index: torch.Tensor | None = None,
 ) -> None:
     """Shift each extend segment left by one and append the new token, in place.
 

@@ -21,7 +21,7 @@ KV_HEADS, SLOTS = 2, 4096
 PREFIX_LENS = [0, 300, 41, 1200]
 
 
-def verify_batch(gen: torch.Generator) -> tuple[TreeCSR, list[torch.Tensor], list[torch.Tensor]]:
+def random_tree_batch(gen: torch.Generator) -> tuple[TreeCSR, list[torch.Tensor], list[torch.Tensor]]:
     """Mixed trees packed by pack_trees, their rows on random slots of a req_to_token-like table on the GPU ->
     the backend's CSR, and per request the key slots and the dense mask the oracle uses."""
     rows = pack_trees([draft_tree(n, gen) for n in (5, 1, 8, 3)], PREFIX_LENS)
@@ -68,7 +68,7 @@ def test_one_plan_serves_layers_of_different_head_counts():
     from attention_backends.flashinfer_tree import run_tree_attention
 
     gen = torch.Generator().manual_seed(1)
-    csr, slots, masks = verify_batch(gen)
+    csr, slots, masks = random_tree_batch(gen)
     scale = HEAD_DIM**-0.5
     wrapper = planned(csr, PlanDims(8, KV_HEADS, HEAD_DIM, HEAD_DIM, scale, 0.0), torch.bfloat16, torch.bfloat16)
     for q_heads in (8, 4, 8):
@@ -84,7 +84,7 @@ def test_soft_capped_plan_matches_the_capped_oracle():
     from attention_backends.flashinfer_tree import run_tree_attention
 
     gen = torch.Generator().manual_seed(2)
-    csr, slots, masks = verify_batch(gen)
+    csr, slots, masks = random_tree_batch(gen)
     scale = HEAD_DIM**-0.5
     wrapper = planned(csr, PlanDims(8, KV_HEADS, HEAD_DIM, HEAD_DIM, scale, SOFT_CAP), torch.bfloat16,
                       torch.bfloat16)
@@ -103,7 +103,7 @@ def test_scaled_fp8_kv_cache():
     from attention_backends.flashinfer_tree import run_tree_attention
 
     gen = torch.Generator().manual_seed(3)
-    csr, slots, masks = verify_batch(gen)
+    csr, slots, masks = random_tree_batch(gen)
     scale, k_scale, v_scale = HEAD_DIM**-0.5, 0.5, 2.0
     wrapper = planned(csr, PlanDims(8, KV_HEADS, HEAD_DIM, HEAD_DIM, scale, 0.0), torch.bfloat16,
                       torch.float8_e4m3fn)

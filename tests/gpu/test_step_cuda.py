@@ -93,7 +93,7 @@ def test_sampled_output_on_cuda_follows_the_llama_shaped_targets_law():
     drafter_on, prompt = target.drafter("cuda"), PROMPTS[0]
     pairs, accepted = [], 0
     for seed in range(24):
-        run = decode({"lookup": True, "scheduler": "off"}, "chain", kinds=((params, None),) * 64,
+        run = decode({"lookup": True, "budget": "off"}, "chain", kinds=((params, None),) * 64,
                      target=LlamaTarget(device="cuda"), drafter_on=drafter_on, prompts=(prompt,) * 64, tokens=2,
                      seed=seed)
         pairs += [o[0] * target.vocab + o[1] for o in run.outputs]

@@ -36,7 +36,7 @@ def plain_sync_server(default_model_path, tmp_path_factory):
 def random_drafter_path(default_model_path, tmp_path_factory) -> str:
     """A seeded random DSpark drafter shaped for the default model (enough to test losslessness); one layer and a
     4096-token draft vocabulary keep CPU drafting cheap (and exercise the reduced-vocabulary path)."""
-    from sgl_dspark.drafter.factory import save_random_drafter_for
+    from sgl_dspark.drafter.fresh import save_random_drafter_for
 
     return save_random_drafter_for(default_model_path, str(tmp_path_factory.mktemp("drafter")), seed=0,
                                    num_layers=1, draft_vocab_size=4096)
@@ -176,7 +176,7 @@ def save_bigram_drafter(target_dir: str, out_dir: str, sequences: list[list[int]
     import torch
 
     from sgl_dspark.drafter.checkpoint import save_drafter
-    from sgl_dspark.drafter.factory import hf_config_for_target, random_drafter
+    from sgl_dspark.drafter.fresh import hf_config_for_target, random_drafter
 
     table = bigram_successors(sequences)
     for prev, nxt in reversed(list(zip(priority, priority[1:]))):  # the first transition from a token wins

@@ -162,3 +162,32 @@ def test_eos_finish_equals_plain(chain_server, plain_server, tokenizer):
     got = generate_all(chain_server.base_url, texts, 4, **sampling)
     for g, w in zip(got, want):
         assert (g["output_ids"], g["text"], finish(g)) == (w["output_ids"], w["text"], finish(w))
+
+
+SPEC_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
+               "spec_num_proposed_drafts")
+
+
+def spec_details(server, path: str, body: dict) -> dict:
+    reply = requests.post(f"{server.base_url}/v1/{path}", timeout=600,
+                          json={**body, "model": "default", "temperature": 0, "return_spec_tokens_details": True})
+    reply.raise_for_status()
+    return reply.json()["sglext"]["spec_tokens_details"]
+
+
+def test_openai_spec_tokens_details_are_dsparks_per_request_figures(chain_server):
+    """`return_spec_tokens_details` (SGLang's per-request speculative fields, read by tools such as AIPerf) answers
+    with DSPARK's figures: those /generate's meta_info gives for the same greedy request (accepted / verified
+    drafts, not SGLang's fixed-length count), and an acceptance histogram over the request's verify steps whose
+    weighted sum is its correct-draft count."""
+    meta = generate(chain_server.base_url, CODE_PROMPT, max_new_tokens=48, **GREEDY)["meta_info"]
+    completion = spec_details(chain_server, "completions", {"prompt": CODE_PROMPT, "max_tokens": 48})
+    chat = spec_details(chain_server, "chat/completions", {"messages": CHAT, "max_tokens": 48})
+    assert {k: completion[k] for k in SPEC_FIELDS} == pytest.approx({k: meta[k] for k in SPEC_FIELDS})
+    for details in (completion, chat):
+        histogram = details["spec_correct_drafts_histogram"]
+        assert details["spec_verify_ct"] > 0 and sum(histogram) == details["spec_verify_ct"], details
+        assert sum(k * n for k, n in enumerate(histogram)) == details["spec_num_correct_drafts"], details
+        assert details["spec_num_correct_drafts"] <= details["spec_num_proposed_drafts"], details
+        assert details["spec_accept_rate"] == pytest.approx(
+            details["spec_num_correct_drafts"] / details["spec_num_proposed_drafts"])

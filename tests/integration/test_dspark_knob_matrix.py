@@ -91,15 +91,15 @@ def pair(knob_set: str, drafter: str, switches: tuple[bool, bool, bool, bool],
 
 
 SMALL = (("max-window", "1"), ("min-window", "0"), ("survival-threshold", "1.0"), ("max-verify", "1"),
-         ("lookup-max-nodes", "1"), ("lookup-width", "1"), ("lookup-max-len", "1"), ("scheduler", "off"),
+         ("lookup-max-nodes", "1"), ("lookup-width", "1"), ("lookup-max-len", "1"), ("budget", "off"),
          ("gate-margin", "0"), ("cost-refit-alpha", "1"), ("cpu-gemm", "native"), ("draft-dtype", "float32"),
          ("cost-table-out", f"{TMP}/cost-table.json"))
 LARGE = (("max-window", "7"), ("min-window", "7"), ("branch-threshold", "1.0"), ("min-verify", "64"),
-         ("lookup-max-nodes", "64"), ("lookup-width", "8"), ("lookup-max-len", "32"), ("scheduler", "lagged"),
+         ("lookup-max-nodes", "64"), ("lookup-width", "8"), ("lookup-max-len", "32"), ("budget", "lagged"),
          ("gate-margin", "1"), ("cost-refit-alpha", "0"), ("draft-dtype", "bfloat16"), ("draft-ahead", "true"),
          ("calibration", str(SHIPPED_DRAFTER / "calibration.json")), ("trace", f"{TMP}/trace.jsonl"))
 MID = (("tree-width", "8"), ("max-tree-nodes", "7"), ("min-verify", "3"), ("max-verify", "3"),
-       ("latency-target-ms", "0.001"), ("scheduler", "prefix"), ("cost-table", f"{TMP}/flat-cost.json"))
+       ("latency-target-ms", "0.001"), ("budget", "prefix"), ("cost-table", f"{TMP}/flat-cost.json"))
 PAIRED = [*pair("small", "bigram", (False, False, False, False), SMALL),
           *pair("large", "bigram", (False, False, True, True), LARGE),
           *pair("mid", "shipped", (False, True, False, True), MID)]

@@ -22,7 +22,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from conftest import after_first, contingency, draw, dspark_spec
-from sgl_dspark.drafter.factory import save_markov_drafter_for
+from fixture_drafters import save_markov_drafter_for
 from sgl_dspark.tools.launch import serving
 from sgl_dspark.trace import read_trace
 

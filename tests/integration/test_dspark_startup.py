@@ -7,7 +7,8 @@ import psutil
 import pytest
 
 from sgl_dspark.drafter import save_drafter
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.tools.launch import ServerError, ServerSpec, free_port, start
 
 pytestmark = pytest.mark.integration

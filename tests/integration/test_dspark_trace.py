@@ -5,7 +5,7 @@ import pytest
 
 from sgl_dspark.tools.launch import serving
 from sgl_dspark.trace import read_trace
-from conftest import dspark_spec, generate
+from conftest import dspark_spec
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ GREEDY = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
 
 def test_lookup_rows_fit_the_reserved_width_and_output_is_plain(default_model_path, bigram_drafter_path,
                                                                 plain_server, tmp_path_factory):
-    flags = ("--speculative-dspark-preset", "no-scheduler", "--speculative-dspark-lookup", "true")
-    want = 1 + load_config("no-scheduler", {"lookup": True}).verify_nodes(7)
+    flags = ("--speculative-dspark-preset", "no-budget", "--speculative-dspark-lookup", "true")
+    want = 1 + load_config("no-budget", {"lookup": True}).verify_nodes(7)
     reference = [r["output_ids"] for r in generate_all(plain_server.base_url, COPY_HEAVY, 2, **GREEDY)]
     with serving(dspark_spec(default_model_path, bigram_drafter_path, *flags),
                  tmp_path_factory.mktemp("dspark-width")) as server:

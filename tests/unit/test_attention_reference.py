@@ -198,7 +198,8 @@ def test_backend_target_verify_matches_oracle_and_writes_kv(layout):
 
     drafts = [random_tree_mask(n, gen), chain_mask(n)]
     dense = [with_prefix(m, p) for m, p in zip(drafts, prefix_lens)]
-    custom_mask = torch.cat([m.reshape(-1) for m in drafts]) if layout is MaskLayout.DRAFT_ONLY else flatten_masks(dense)
+    draft_only = layout is MaskLayout.DRAFT_ONLY
+    custom_mask = torch.cat([m.reshape(-1) for m in drafts]) if draft_only else flatten_masks(dense)
     out_cache_loc = torch.cat([req_to_token[row, p:p + n] for row, p in zip(pool_rows, prefix_lens)])
     seq_lens = torch.tensor(prefix_lens)
     batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=seq_lens, seq_lens_cpu=seq_lens,

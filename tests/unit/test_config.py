@@ -1,4 +1,4 @@
-"""DSparkConfig: presets load, overrides merge, every bad knob fails with one line naming it."""
+"""DSparkKnobs: presets load, overrides merge, every bad knob fails with one line naming it."""
 
 import dataclasses
 import json
@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from sgl_dspark.config import (KNOBS, PRESET_DIR, RECOMMENDED_FILE, DSparkConfig, cli_flag, cli_overrides,
+from sgl_dspark.config import (KNOBS, PRESET_DIR, RECOMMENDED_FILE, DSparkKnobs, cli_flag, cli_overrides,
                                config_from_flags, load_config)
 
 
 def test_default_preset_sets_every_knob():
     assert set(json.loads((PRESET_DIR / "default.json").read_text())) - {"description"} == set(KNOBS)
     cfg = load_config()
-    assert (cfg.max_window, cfg.min_window, cfg.tree_width, cfg.scheduler) == (None, 1, 1, "prefix")
+    assert (cfg.max_window, cfg.min_window, cfg.tree_width, cfg.budget) == (None, 1, 1, "prefix")
     assert cfg.is_chain and cfg.latency_target_s is None and cfg.lookup is False
 
 
@@ -21,8 +21,8 @@ def test_default_preset_sets_every_knob():
     ("chain", "max_window", 7),
     ("tree", "tree_width", 3),
     ("tree", "max_tree_nodes", 16),
-    ("no-scheduler", "scheduler", "off"),
-    ("lagged", "scheduler", "lagged"),
+    ("no-budget", "budget", "off"),
+    ("lagged", "budget", "lagged"),
 ])
 def test_presets_merge_over_the_default(preset, knob, value):
     cfg = load_config(preset)
@@ -32,7 +32,7 @@ def test_presets_merge_over_the_default(preset, knob, value):
 
 def test_every_preset_file_loads():
     for path in PRESET_DIR.glob("*.json"):
-        assert isinstance(load_config(path.stem), DSparkConfig)
+        assert isinstance(load_config(path.stem), DSparkKnobs)
 
 
 def test_overrides_win_and_none_means_not_given():
@@ -50,8 +50,8 @@ def test_config_is_frozen():
 
 def test_preset_from_a_path(tmp_path):
     path = tmp_path / "mine.json"
-    path.write_text('{"scheduler": "off", "description": "mine"}')
-    assert load_config(str(path)).scheduler == "off"
+    path.write_text('{"budget": "off", "description": "mine"}')
+    assert load_config(str(path)).budget == "off"
 
 
 def test_invalid_knob_message_is_one_exact_line():
@@ -68,7 +68,7 @@ def test_invalid_knob_message_is_one_exact_line():
     ("tree_width", 0, "an integer >= 1 (1 = chain)"),
     ("tree_width", True, "an integer >= 1 (1 = chain)"),
     ("max_tree_nodes", 0, "null or an integer >= 1"),
-    ("scheduler", "greedy", "prefix | lagged | off"),
+    ("budget", "greedy", "prefix | lagged | off"),
     ("min_verify", -1, "an integer >= 0"),
     ("max_verify", -1, "null or an integer >= 0 (0: verify no drafts)"),
     ("latency_target_ms", 0, "null or a number > 0"),
@@ -121,10 +121,10 @@ def test_bad_preset_files(tmp_path):
 def test_cli_flags_map_to_knobs():
     assert cli_flag("max_window") == "--speculative-dspark-max-window"
     flags = {"--speculative-dspark-max-window": 5, "speculative_dspark_min_verify": None, "tp_size": 2,
-             "speculative_dspark_scheduler": "lagged"}
-    assert cli_overrides(flags) == {"max_window": 5, "scheduler": "lagged"}
+             "speculative_dspark_budget": "lagged"}
+    assert cli_overrides(flags) == {"max_window": 5, "budget": "lagged"}
     cfg = config_from_flags({**flags, "speculative_dspark_preset": "tree"})
-    assert (cfg.max_window, cfg.scheduler, cfg.tree_width) == (5, "lagged", 3)
+    assert (cfg.max_window, cfg.budget, cfg.tree_width) == (5, "lagged", 3)
     assert config_from_flags({"speculative_dspark_preset": None}) == load_config()
 
 
@@ -143,7 +143,7 @@ def test_the_verify_width_counts_lookup_nodes_and_the_cap():
     assert load_config("default").verify_nodes(7) == 7
     assert load_config("tree").verify_nodes(7) == 16
     assert load_config("tree", {"lookup": True}).verify_nodes(7) == 16 + LookupKnobs().max_nodes
-    assert load_config("no-scheduler", {"lookup": True, "max_verify": 5}).verify_nodes(7) == 5
+    assert load_config("no-budget", {"lookup": True, "max_verify": 5}).verify_nodes(7) == 5
     reference = load_config("default", {"max_verify": 0})
     assert reference.verify_nodes(7) == 0 and not reference.drafts
 

@@ -28,7 +28,8 @@ from sgl_dspark.draft_worker.process import Worker, load_target_weights
 from sgl_dspark.draft_worker.shm import GrowingArena, arena_prefix
 from sgl_dspark.draft_worker.remote import ProcessDraftClient, WorkerSettings, arena_sizes
 from sgl_dspark.drafter import DraftKnobs, TargetSpec, load_drafter, save_drafter
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.streams import DRAFT, stream_seed
 

@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 from sgl_dspark.drafter import (DraftKnobs, Proposer, ProposeInput, TargetSpec, load_drafter, pad_contexts,
                                 save_drafter)
 from sgl_dspark.drafter.checkpoint import compress_weights
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.sampling import SamplingParams
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from sgl_dspark.drafter.config import DrafterConfig, TargetSpec, check_fits_target, parse_drafter_config
-from sgl_dspark.drafter.factory import tiny_hf_config
+from fixture_drafters import tiny_hf_config
 
 DSPARK_KEYS = ("block_size", "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type",
                "sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov", "num_target_layers")

@@ -7,7 +7,7 @@ import torch
 
 from sgl_dspark.drafter.config import parse_drafter_config
 from sgl_dspark.drafter.context import ContextKV, pad_contexts
-from sgl_dspark.drafter.factory import tiny_hf_config
+from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.heads import ConfidenceHead, build_markov_head
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.drafter.sampler import alternatives, sample_rows

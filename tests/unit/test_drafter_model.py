@@ -5,7 +5,8 @@ import torch
 
 from sgl_dspark.drafter.config import TargetSpec
 from sgl_dspark.drafter.context import ContextKV, pad_contexts
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.drafter.model import TargetWeights
 
 

@@ -6,7 +6,8 @@ import torch
 from scipy.stats import chisquare
 
 from sgl_dspark.drafter import DraftKnobs, Proposer, ProposeInput, pad_contexts
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.tree import position_ids
 

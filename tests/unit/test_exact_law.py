@@ -18,7 +18,7 @@ from sgl_dspark.cost import from_measurements
 from sgl_dspark.graft import Grafted, graft
 from sgl_dspark.lookup import Candidate, LookupKnobs, LookupStats
 from sgl_dspark.sampling import SamplingParams, target_probs
-from sgl_dspark.scheduler import Knobs, LaggedScheduler, PlanInput, PrefixScheduler, VerifyAll
+from sgl_dspark.budget import Knobs, LaggedBudget, PlanInput, PrefixBudget, VerifyAll
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import verify
 
@@ -186,14 +186,14 @@ TABLES = {
 def scheduler(mode: str, table: str):
     knobs = Knobs(min_verify=0, max_verify=None, latency_target_s=None, refit_alpha=0.0)
     if mode == "prefix":
-        return PrefixScheduler(knobs, TABLES[table])
+        return PrefixBudget(knobs, TABLES[table])
     if mode == "min-verify":
-        return PrefixScheduler(Knobs(1, None, None, 0.0), TABLES[table])
+        return PrefixBudget(Knobs(1, None, None, 0.0), TABLES[table])
     if mode == "latency":
-        return PrefixScheduler(Knobs(0, None, 1.3, 0.0), TABLES[table])
+        return PrefixBudget(Knobs(0, None, 1.3, 0.0), TABLES[table])
     if mode == "max-verify":
         return VerifyAll(Knobs(0, 2, None, 0.0))
-    lagged = LaggedScheduler(knobs, TABLES[table])
+    lagged = LaggedBudget(knobs, TABLES[table])
     for _ in range(2):  # the budget comes from pools of earlier steps (fixed blocks here)
         lagged.plan(PlanInput((OTHER, OTHER)))
     return lagged

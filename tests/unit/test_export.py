@@ -5,7 +5,8 @@ import json
 import torch
 
 from sgl_dspark.drafter.checkpoint import load_drafter, save_drafter
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.training.export import export, read_curve
 
 

@@ -10,7 +10,7 @@ from sgl_dspark.calibration import drafter_calibration
 from sgl_dspark.config import load_config
 from sgl_dspark.cost import StepCostTable
 from sgl_dspark.drafter import DraftKnobs, parse_drafter_config
-from sgl_dspark.drafter.factory import tiny_hf_config
+from fixture_drafters import tiny_hf_config
 from sgl_dspark.lookup import LookupKnobs
 
 DRAFTER = parse_drafter_config(tiny_hf_config())  # gamma 4

@@ -2,7 +2,7 @@
 
 import torch
 
-from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, pack_trees, verify_batch_of
+from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, pack_trees, verify_forward_input
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyResult
 
@@ -50,17 +50,17 @@ def test_kv_moves_only_rows_off_the_front():
     assert [t.tolist() for t in kv_moves(chain, width=3)] == [[], []]
 
 
-def test_the_verify_batch_flattens_the_mask_without_prefix_columns():
+def test_the_verify_forward_input_flattens_the_mask_without_prefix_columns():
     rows = pack_trees([tree([5, 6], [-1, 0]), tree([9], [-1])], seq_lens=[3, 1])
-    batch = verify_batch_of(rows, [3, 1], prefix_columns=False)
+    batch = verify_forward_input(rows, [3, 1], prefix_columns=False)
     assert batch.tokens.tolist() == [5, 6, 9, 9] and batch.positions.tolist() == [3, 4, 1, 2]
     assert batch.width == 2
     assert batch.mask.int().tolist() == [1, 0, 1, 1,  # chain 5 -> 6
                                          1, 0, 1, 1]  # anchor 9 and its padding node off the root
 
 
-def test_the_verify_batch_puts_the_prefix_columns_first_when_asked():
+def test_the_verify_forward_input_puts_the_prefix_columns_first_when_asked():
     rows = pack_trees([tree([5, 6], [-1, 0]), tree([9], [-1])], seq_lens=[3, 1])
-    mask = verify_batch_of(rows, [3, 1], prefix_columns=True).mask.int().tolist()
+    mask = verify_forward_input(rows, [3, 1], prefix_columns=True).mask.int().tolist()
     assert mask == [1, 1, 1, 1, 0, 1, 1, 1, 1, 1,  # 3 cached tokens, then the block
                     1, 1, 0, 1, 1, 1]  # 1 cached token, then the block

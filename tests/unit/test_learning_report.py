@@ -4,7 +4,8 @@ import json
 import math
 
 from benchmarks.learning import DONE, VARIANTS, draft_ms, main, tau_at, trend
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.drafter.checkpoint import save_drafter
 from sgl_dspark.training.trainer import parse_args
 

@@ -14,7 +14,7 @@ import sgl_dspark.graft as graft_mod
 from sgl_dspark.graft import Grafted, fold, graft, lookup_accepted, outcome
 from sgl_dspark.lookup import Candidate, LookupIndex, LookupKnobs, LookupOutcome, LookupRegistry, LookupStats
 from sgl_dspark.sampling import SamplingParams, target_probs
-from sgl_dspark.scheduler import Knobs, PlanInput, VerifyAll
+from sgl_dspark.budget import Knobs, PlanInput, VerifyAll
 from sgl_dspark.tree import DraftTree, depths
 from sgl_dspark.verify import VerifyResult, children, verify
 

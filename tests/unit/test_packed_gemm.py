@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from sgl_dspark.drafter import Proposer, ProposeInput, pad_contexts
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.packed_gemm import PackedLinear, onednn_available, pack_drafter, packed_linear, pack
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")

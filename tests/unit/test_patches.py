@@ -21,7 +21,8 @@ from scheduler_patch.launch import LAUNCH_ATTR, launch_of
 from scheduler_patch.patches import Patch, PatchDriftError, apply_all, undo_all
 from sgl_dspark.config import load_config
 from sgl_dspark.drafter import save_drafter
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 
 FAKE = "fake_sglang_upstream"
 
@@ -216,7 +217,7 @@ def test_a_bad_boolean_is_refused_by_the_parser(plugin_patches, capsys):
 
 @pytest.mark.parametrize("flags, knob", [
     ({"speculative_dspark_max_window": 0}, "max_window=0"),
-    ({"speculative_dspark_scheduler": "greedy"}, "scheduler='greedy'"),
+    ({"speculative_dspark_budget": "greedy"}, "budget='greedy'"),
     ({"speculative_dspark_preset": "nope"}, "preset 'nope' not found"),
     ({"speculative_dspark_cost_table": "/no/such.json"}, "cost_table='/no/such.json': no such file"),
     ({"speculative_dspark_cost_table_out": "/no/such/c.json"}, "cost_table_out='/no/such/c.json': no such directory"),

@@ -7,10 +7,10 @@ import torch
 
 from sgl_dspark.config import load_config
 from sgl_dspark.cost import StepCostTable, load_cost_table
-from sgl_dspark.scheduler import PlanInput, StepResult, make_scheduler
+from sgl_dspark.budget import PlanInput, StepResult, make_budget
 from sgl_dspark.tree import DraftTree
 
-from scheduler_patch.runtime.profiler import (ProfileLimits, SavingScheduler, describe, startup_table, token_counts,
+from scheduler_patch.runtime.profiler import (ProfileLimits, SavingBudget, describe, startup_table, token_counts,
                                               verify_shape)
 
 TABLE = StepCostTable((1, 8), (0.1, 0.2))
@@ -38,10 +38,10 @@ def test_describe_is_one_line_in_milliseconds():
     assert describe(TABLE) == "tokens=[1, 8] ms=[100.0, 200.0]"
 
 
-def test_saving_scheduler_writes_on_set_and_every_n_steps(tmp_path):
+def test_saving_budget_writes_on_set_and_every_n_steps(tmp_path):
     path = tmp_path / "cost.json"
-    inner = make_scheduler(load_config(overrides={"cost_refit_alpha": 0.5}), TABLE)
-    saving = SavingScheduler(inner, TABLE, str(path), every=2, meta={"device": "cpu"})
+    inner = make_budget(load_config(overrides={"cost_refit_alpha": 0.5}), TABLE)
+    saving = SavingBudget(inner, TABLE, str(path), every=2, meta={"device": "cpu"})
     assert not path.exists()
     saving.cost_table = StepCostTable((1, 8), (0.2, 0.4))
     assert load_cost_table(path) == inner.cost_table == StepCostTable((1, 8), (0.2, 0.4))
@@ -54,8 +54,8 @@ def test_saving_scheduler_writes_on_set_and_every_n_steps(tmp_path):
     assert json.loads(path.read_text())["meta"] == {"device": "cpu", "refit_steps": 2}
 
 
-def test_saving_scheduler_keeps_the_table_of_a_scheduler_without_one(tmp_path):
-    saving = SavingScheduler(make_scheduler(load_config(overrides={"scheduler": "off"}), None), TABLE,
+def test_saving_budget_keeps_the_table_of_a_budget_without_one(tmp_path):
+    saving = SavingBudget(make_budget(load_config(overrides={"budget": "off"}), None), TABLE,
                              str(tmp_path / "cost.json"), every=1)
     saving.cost_table = StepCostTable((1,), (0.5,))
     saving.observe(StepResult(3, 0.1))

@@ -40,11 +40,12 @@ from sgl_dspark.constraints import Penalties
 from sgl_dspark.cost import from_measurements
 from sgl_dspark.draft_worker.client import ContextUpdate
 from sgl_dspark.draft_worker.local import LocalDraftClient
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, target_probs
-from sgl_dspark.scheduler import StepResult, make_scheduler
+from sgl_dspark.budget import StepResult, make_budget
 from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
-from sgl_dspark.streams import DRAFT, VERIFY, stream, stream_seed
+from sgl_dspark.streams import DRAFT, VERIFY, stream_seed
 from sgl_dspark.suffix import lookup_registry
 
 V = 5
@@ -132,7 +133,7 @@ PENALISED = Kind("penalties", SamplingParams(temperature=1.0), Penalties(frequen
 GRAMMAR = Kind("grammar", SamplingParams(temperature=0.7, top_p=0.95), grammar=True)
 CONFIGS = [Config("chain-lookup-suffix", {"lookup": True, "lookup_max_nodes": 4, "lookup_max_len": 3,
                                           "suffix_cache_tokens": 64}, (PLAIN, FILTERED)),
-           Config("lagged-tree-constrained", {"lookup": True, "lookup_width": 3, "scheduler": "lagged", "min_verify": 1,
+           Config("lagged-tree-constrained", {"lookup": True, "lookup_width": 3, "budget": "lagged", "min_verify": 1,
                                               "tree_width": 3, "branch_threshold": 0.9}, (PENALISED, GRAMMAR))]
 
 
@@ -209,7 +210,7 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
         lookup.suffix.add(EARLIER)
     client = LocalDraftClient(DRAFTER, cfg.draft_knobs(), 2 * SLOTS, draft_seed)
     generator = torch.Generator().manual_seed(verify_seed)
-    parts = StepParts(cfg, client, make_scheduler(cfg, COST), lookup, None, V, 1 + cfg.verify_nodes(gamma),
+    parts = StepParts(cfg, client, make_budget(cfg, COST), lookup, None, V, 1 + cfg.verify_nodes(gamma),
                       draft_failed=lambda exc: pytest.fail(str(exc)))
     outputs = [[ANCHOR], [ANCHOR]]
     grammars = [NoRepeatGrammar(ANCHOR) if k.grammar else None for k in config.kinds]
@@ -228,7 +229,7 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
         step, commit = done.step, done.commit
         client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
                                            done.verified.hidden[commit.kept]))  # the drafter's context grows
-        parts.scheduler.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
+        parts.budget.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
         for b, result in enumerate(done.verdict.results):
             emitted = [*result.accepted_tokens.tolist(), result.bonus_token]
             outputs[b] += emitted

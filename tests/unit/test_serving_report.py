@@ -72,7 +72,8 @@ def test_render_table_rows_sorted_by_dataset_then_concurrency_keeping_config_ord
     assert lines[0].startswith("| prompts | conc. | config |")
     assert [line.split(" | ")[:3] for line in lines[2:]] == [
         ["| chat", "1", "none"], ["| chat", "1", "dspark"], ["| code", "1", "none"], ["| code", "1", "dspark"]]
-    assert lines[5] == "| code | 1 | dspark | 15.0 | 1.50 | 15.0 | 1.50 | 100 / 200 | 67 / 133 | 2.50 | 4.00 | - | 1024 |"
+    assert lines[5] == ("| code | 1 | dspark | 15.0 | 1.50 | 15.0 | 1.50 | 100 / 200 | 67 / 133 | 2.50 | 4.00 | - "
+                        "| 1024 |")
     assert lines[4].split(" | ")[9:11] == ["-", "-"]  # no speculation: no accept / verify length
 
 

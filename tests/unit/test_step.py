@@ -14,7 +14,7 @@ from sgl_dspark.step import DecodeStep, commit_record
 
 @pytest.mark.parametrize("preset, knobs", [("chain", {"lookup": False}), ("chain", {"lookup": True}),
                                            ("tree", {"lookup": True}),
-                                           ("chain", {"scheduler": "lagged", "lookup": True, "min_verify": 1})],
+                                           ("chain", {"budget": "lagged", "lookup": True, "min_verify": 1})],
                          ids=["chain", "chain-lookup", "tree-lookup", "lagged-lookup"])
 def test_the_step_decodes_what_plain_decoding_does(preset, knobs):
     run = decode(knobs, preset)

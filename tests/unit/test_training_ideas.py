@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.training.coverage import complement_scale, lookup_depths
 from sgl_dspark.training.init import bigram_markov, bigram_pmi
 from sgl_dspark.training.objective import LossWeights, SparseTarget, dspark_loss

@@ -3,7 +3,8 @@
 import torch
 
 from sgl_dspark.drafter.context import PaddedContext
-from sgl_dspark.drafter.factory import random_drafter, tiny_hf_config
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.training.objective import (LossWeights, SparseTarget, accepted_length, block_rows, draft_index,
                                            dspark_loss, packed_block_hidden, sample_anchors, with_tokens)
 

@@ -5,7 +5,7 @@ import torch
 
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.tree import DraftTree
-from sgl_dspark.verify import (VerifyInput, children, kv_split, residual, verify, verify_batch, verify_greedy,
+from sgl_dspark.verify import (VerifyInput, children, kv_split, residual, verify, verify_requests, verify_greedy,
                                verify_sampling)
 
 V = 6
@@ -146,7 +146,7 @@ def test_batch_mixes_greedy_and_sampling_requests():
     sharp = peaked(1, 0, 3) * 20  # at temperature 1 the target is one-hot up to ~e-44
     inputs = [VerifyInput(chain, peaked(1, 2, 3), GREEDY),
               VerifyInput(chain, sharp, SamplingParams(temperature=1.0))]
-    results = verify_batch(inputs, torch.Generator().manual_seed(0))
+    results = verify_requests(inputs, torch.Generator().manual_seed(0))
     assert [r.emitted_tokens.tolist() for r in results] == [[1, 2, 3], [1, 0]]
 
 

@@ -1,4 +1,4 @@
-"""Prefix scheduler: literal budgets for each mode, prefix-closed tree selections, knobs, and paper appendix A
+"""Verify budget: literal budgets for each mode, prefix-closed tree selections, knobs, and paper appendix A
 (a retrospective global search biases the output; the early stop and the lagged budget do not)."""
 
 import copy
@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from sgl_dspark.config import SCHEDULER_MODES, load_config
+from sgl_dspark.config import BUDGET_MODES, load_config
 from sgl_dspark.cost import StepCostTable
-from sgl_dspark.scheduler import (SCHEDULERS, BudgetScheduler, Knobs, LaggedScheduler, PlanInput,
-                                  PrefixScheduler, StepResult, VerifyAll, candidates, early_stop_budget,
-                                  global_budget, level_ends, level_sequence, make_pool, make_scheduler,
+from sgl_dspark.budget import (BUDGETS, CostedBudget, Knobs, LaggedBudget, PlanInput,
+                                  PrefixBudget, StepResult, VerifyAll, candidates, early_stop_budget,
+                                  global_budget, level_ends, level_sequence, make_pool, make_budget,
                                   padded_tokens, path_products, rank_within_request, throughput)
 from sgl_dspark.tree import DraftTree, depths, survival
 
@@ -65,7 +65,7 @@ def test_candidates_are_in_survival_order():
 
 
 def test_prefix_two_requests_literal():
-    plan = PrefixScheduler(KNOBS, TABLE).plan(TWO)
+    plan = PrefixBudget(KNOBS, TABLE).plan(TWO)
     assert selected(plan) == [[0, 1], [0, 1]]  # request 1's first node rides free in the width request 0 pays for
     assert plan.verify_lengths.tolist() == [1, 1]  # the second level widens the batch: it does not pay
     assert plan.batch_tokens == 4 and plan.expected_accepts == pytest.approx(2 + 0.9 + 0.5)
@@ -76,7 +76,7 @@ def test_level_stop_admits_what_a_node_by_node_stop_misses():
     Theta (4.6 / 1.4 < 4 / 1.2), while the whole level gains 2.4 for the same rows (6.4 / 1.4)."""
     table = StepCostTable((4, 8, 12), (1.2, 1.4, 2.4))
     batch = PlanInput(tuple(chain(0.6, 0.5) for _ in range(4)))
-    plan = PrefixScheduler(KNOBS, table).plan(batch)
+    plan = PrefixBudget(KNOBS, table).plan(batch)
     assert plan.verify_lengths.tolist() == [1, 1, 1, 1] and plan.batch_tokens == 8  # level 2: 7.6 / 2.4, stop
 
 
@@ -110,8 +110,8 @@ def test_whole_step_overhead_prices_the_budget():
     theta = throughput(make_pool(c, ~everything, level_sequence(c, everything), fixed), TABLE)
     assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.381, 1.619, 1.648, 1.748, 1.29]
     per_token = dataclasses.replace(TWO, overhead_per_token_s=1.2)  # level 1: 3.4 / (1.1 + 4.8) < 2 / (1 + 2.4)
-    assert PrefixScheduler(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [1, 1]
-    assert PrefixScheduler(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [0, 0]
+    assert PrefixBudget(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [1, 1]
+    assert PrefixBudget(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [0, 0]
 
 
 def test_off_verifies_everything_drafted():
@@ -122,7 +122,7 @@ def test_off_verifies_everything_drafted():
 
 def test_lagged_uses_the_budget_of_two_plans_ago():
     flat = StepCostTable((1, 64), (1.0, 1.0))  # free tokens: the global argmax takes every positive entry
-    lagged = LaggedScheduler(KNOBS, flat)
+    lagged = LaggedBudget(KNOBS, flat)
     old = PlanInput((chain(0.9, 0.9, 0.9),))  # K = 3 once it is two plans old
     assert selected(lagged.plan(old)) == [[0, 1, 2, 3]]  # cold start: early stop (Theta keeps rising)
     assert selected(lagged.plan(PlanInput((chain(0.1),)))) == [[0, 1]]
@@ -135,8 +135,8 @@ def test_lagged_uses_the_budget_of_two_plans_ago():
 def test_lagged_budget_crosses_a_cliff_the_early_stop_cannot():
     cliff = StepCostTable((1, 2, 3, 4), (1.0, 1.9, 1.9, 1.9))  # the 2nd token is dear, later ones free
     batch = PlanInput((chain(0.8, 0.8, 0.8),))
-    assert selected(PrefixScheduler(KNOBS, cliff).plan(batch)) == [[0]]  # Theta 1.0 -> 0.947: stop
-    lagged = LaggedScheduler(KNOBS, cliff)
+    assert selected(PrefixBudget(KNOBS, cliff).plan(batch)) == [[0]]  # Theta 1.0 -> 0.947: stop
+    lagged = LaggedBudget(KNOBS, cliff)
     for _ in range(3):
         plan = lagged.plan(batch)
     assert selected(plan) == [[0, 1, 2, 3]]  # global argmax: (1 + .8 + .64 + .512) / 1.9 = 1.55
@@ -147,7 +147,7 @@ def test_tree_child_of_an_unselected_parent_is_not_selected():
     #   0 -> 2 (.3) -> 4 (.285: conf .95, but its parent is out)
     t = tree([-1, 0, 0, 1, 2], [1.0, 0.9, 0.3, 0.8, 0.95])
     table = StepCostTable((1, 2, 3, 4), (1.0, 1.0, 1.05, 1.6))  # Theta: 1, 1.9, 2.476, 1.734
-    assert selected(PrefixScheduler(KNOBS, table).plan(PlanInput((t,)))) == [[0, 1, 3]]
+    assert selected(PrefixBudget(KNOBS, table).plan(PlanInput((t,)))) == [[0, 1, 3]]
     assert selected(VerifyAll(Knobs(0, 3, None, 0.0)).plan(PlanInput((t,)))) == [[0, 1, 2, 3]]
 
 
@@ -157,7 +157,7 @@ def test_ties_keep_selections_prefix_closed():
     knobs = Knobs(0, 2, None, 0.0)
     c = candidates((t,))
     assert c.node.tolist() == [1, 3, 2, 4]  # depth breaks the tie, so parents come first
-    assert selected(PrefixScheduler(knobs, free).plan(PlanInput((t,)))) == [[0, 1, 3]]
+    assert selected(PrefixBudget(knobs, free).plan(PlanInput((t,)))) == [[0, 1, 3]]
 
 
 def random_tree(rng: random.Random, n: int) -> DraftTree:
@@ -166,14 +166,14 @@ def random_tree(rng: random.Random, n: int) -> DraftTree:
     return tree(parents, conf)
 
 
-@pytest.mark.parametrize("mode", sorted(SCHEDULERS))
+@pytest.mark.parametrize("mode", sorted(BUDGETS))
 def test_every_mode_selects_prefix_closed_sets_with_the_root(mode):
     rng = random.Random(0)
     table = StepCostTable((1, 8, 32), (1.0, 1.2, 3.0))
-    for trial in range(40):
+    for _ in range(40):
         max_verify = rng.choice([None, 1, 3])
         knobs = Knobs(rng.randint(0, max_verify or 2), max_verify, rng.choice([None, 1.1]), 0.0)
-        scheduler = SCHEDULERS[mode](knobs, table)
+        scheduler = BUDGETS[mode](knobs, table)
         for _ in range(3):
             trees = tuple(random_tree(rng, rng.randint(1, 9)) for _ in range(rng.randint(1, 4)))
             plan = scheduler.plan(PlanInput(trees))
@@ -189,56 +189,56 @@ def test_every_mode_selects_prefix_closed_sets_with_the_root(mode):
 def test_min_and_max_verify():
     expensive = StepCostTable((1, 2), (1.0, 100.0))  # the budget alone would verify nothing
     batch = PlanInput((chain(0.9, 0.8, 0.7), chain(0.2)))
-    assert selected(PrefixScheduler(KNOBS, expensive).plan(batch)) == [[0], [0]]
-    assert selected(PrefixScheduler(Knobs(2, None, None, 0.0), expensive).plan(batch)) == [[0, 1, 2], [0, 1]]
+    assert selected(PrefixBudget(KNOBS, expensive).plan(batch)) == [[0], [0]]
+    assert selected(PrefixBudget(Knobs(2, None, None, 0.0), expensive).plan(batch)) == [[0, 1, 2], [0, 1]]
     free = StepCostTable((1, 2), (1.0, 1.0))
-    assert selected(PrefixScheduler(Knobs(0, 1, None, 0.0), free).plan(batch)) == [[0, 1], [0, 1]]
+    assert selected(PrefixBudget(Knobs(0, 1, None, 0.0), free).plan(batch)) == [[0, 1], [0, 1]]
     assert selected(VerifyAll(Knobs(0, 2, None, 0.0)).plan(batch)) == [[0, 1, 2], [0, 1]]
 
 
 def test_latency_target_shrinks_the_batch():
     linear = StepCostTable((1, 10), (0.010, 0.019))  # 1 ms per token beyond the first; tokens nearly free
     batch = PlanInput((chain(0.9, 0.9, 0.9), chain(0.9, 0.9)))
-    assert PrefixScheduler(KNOBS, linear).plan(batch).batch_tokens == 8  # 2 x (1 + 3)
-    plan = PrefixScheduler(Knobs(0, None, 0.0135, 0.0), linear).plan(batch)  # B <= 4.5 tokens
+    assert PrefixBudget(KNOBS, linear).plan(batch).batch_tokens == 8  # 2 x (1 + 3)
+    plan = PrefixBudget(Knobs(0, None, 0.0135, 0.0), linear).plan(batch)  # B <= 4.5 tokens
     assert plan.batch_tokens == 4 and selected(plan) == [[0, 1], [0, 1]]
-    floor = PrefixScheduler(Knobs(1, None, 0.001, 0.0), linear).plan(batch)  # forced nodes stay in
+    floor = PrefixBudget(Knobs(1, None, 0.001, 0.0), linear).plan(batch)  # forced nodes stay in
     assert selected(floor) == [[0, 1], [0, 1]]
 
 
 def test_extra_tokens_count_in_the_batch():
-    plan = PrefixScheduler(KNOBS, TABLE).plan(PlanInput(TWO.trees, extra_tokens=2))
+    plan = PrefixBudget(KNOBS, TABLE).plan(PlanInput(TWO.trees, extra_tokens=2))
     assert plan.batch_tokens == 2 + 2 * (1 + int(plan.verify_lengths.max()))
     assert selected(plan) == [[0, 1], [0, 1]]  # B starts at 4: Theta 2/1.1, 3.4/1.5, 4.37/2.5 (padded) -> stop
 
 
 def test_empty_batch_and_zero_survival():
-    assert PrefixScheduler(KNOBS, TABLE).plan(PlanInput(())).batch_tokens == 0
+    assert PrefixBudget(KNOBS, TABLE).plan(PlanInput(())).batch_tokens == 0
     free = StepCostTable((1, 2), (1.0, 1.0))
-    assert selected(PrefixScheduler(KNOBS, free).plan(PlanInput((chain(0.9, 0.0, 0.5),)))) == [[0, 1]]
+    assert selected(PrefixBudget(KNOBS, free).plan(PlanInput((chain(0.9, 0.0, 0.5),)))) == [[0, 1]]
 
 
 def test_confidences_outside_zero_one_are_refused():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        PrefixScheduler(KNOBS, TABLE).plan(PlanInput((chain(1.2),)))
+        PrefixBudget(KNOBS, TABLE).plan(PlanInput((chain(1.2),)))
 
 
 def test_observe_refits_the_cost_table():
-    scheduler = PrefixScheduler(Knobs(0, None, None, 0.5), StepCostTable((2, 4), (1.0, 2.0)))
+    scheduler = PrefixBudget(Knobs(0, None, None, 0.5), StepCostTable((2, 4), (1.0, 2.0)))
     scheduler.observe(StepResult(batch_tokens=2, seconds=1.5))
     assert scheduler.cost_table.seconds == (1.25, 2.0)
-    frozen = PrefixScheduler(KNOBS, TABLE)
+    frozen = PrefixBudget(KNOBS, TABLE)
     frozen.observe(StepResult(batch_tokens=2, seconds=1.5))
     assert frozen.cost_table == TABLE
 
 
 def test_registry_matches_the_config_modes_and_is_chosen_once():
-    assert set(SCHEDULERS) == set(SCHEDULER_MODES)
-    assert isinstance(make_scheduler(load_config(), TABLE), PrefixScheduler)
-    assert isinstance(make_scheduler(load_config("lagged"), TABLE), LaggedScheduler)
-    assert isinstance(make_scheduler(load_config("no-scheduler"), None), VerifyAll)
+    assert set(BUDGETS) == set(BUDGET_MODES)
+    assert isinstance(make_budget(load_config(), TABLE), PrefixBudget)
+    assert isinstance(make_budget(load_config("lagged"), TABLE), LaggedBudget)
+    assert isinstance(make_budget(load_config("no-budget"), None), VerifyAll)
     with pytest.raises(ValueError, match="step-cost table"):
-        make_scheduler(load_config(), None)
+        make_budget(load_config(), None)
 
 
 # ---- paper appendix A -------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def output_law(scheduler_for_draft, c2_after: dict[str, float]) -> dict[str, flo
     return law
 
 
-class RetrospectiveGlobalSearch(BudgetScheduler):
+class RetrospectiveGlobalSearch(CostedBudget):
     """Algorithm 1 without the break, on the current step's pool: NOT lossless (it is the counterexample)."""
 
     def budget(self, pool):
@@ -286,12 +286,12 @@ def test_appendix_a_retrospective_global_search_is_biased():
 
 
 def test_appendix_a_early_stop_is_lossless():
-    law = output_law(lambda: PrefixScheduler(KNOBS, SPS_CURVE), {"A": 0.9, "B": 0.0})
+    law = output_law(lambda: PrefixBudget(KNOBS, SPS_CURVE), {"A": 0.9, "B": 0.0})
     assert close(law, P_TARGET)
 
 
 def test_appendix_a_lagged_budget_is_lossless_even_when_it_admits_x1():
-    warm = LaggedScheduler(KNOBS, SPS_CURVE)
+    warm = LaggedBudget(KNOBS, SPS_CURVE)
     for _ in range(2):  # history: a pool whose global argmax is K = 2 (Theta 1.0, 0.9, 1.134)
         warm.plan(PlanInput((chain(0.8, 0.9),)))
     law = output_law(lambda: copy.deepcopy(warm), {"A": 0.9, "B": 0.0})
@@ -305,11 +305,11 @@ def test_early_stop_and_lagged_are_lossless_on_random_cases():
         seconds = sorted(rng.uniform(0.5, 3.0) for _ in range(3))
         table = StepCostTable((1, 2, 3), tuple(seconds))
         c2 = {"A": rng.choice([0.0, 1.0, rng.random()]), "B": rng.choice([0.0, rng.random()])}
-        assert close(output_law(lambda: PrefixScheduler(KNOBS, table), c2), P_TARGET)
-        warm = LaggedScheduler(KNOBS, table)
+        assert close(output_law(lambda table=table: PrefixBudget(KNOBS, table), c2), P_TARGET)
+        warm = LaggedBudget(KNOBS, table)
         for _ in range(2):
             warm.plan(PlanInput((chain(rng.random(), rng.random()),)))
-        assert close(output_law(lambda: copy.deepcopy(warm), c2), P_TARGET)
+        assert close(output_law(lambda warm=warm: copy.deepcopy(warm), c2), P_TARGET)
 
 
 def batch_output_law(scheduler_for_draft, c1: tuple[float, float], c2_after: dict[str, float]) -> dict:
@@ -335,7 +335,7 @@ def test_level_stop_is_lossless_across_requests():
         table = StepCostTable((2, 4, 6), tuple(sorted(rng.uniform(0.5, 3.0) for _ in range(3))))
         c1 = (rng.random(), rng.random())
         c2 = {"A": rng.choice([0.0, 1.0, rng.random()]), "B": rng.choice([0.0, rng.random()])}
-        law = batch_output_law(lambda: PrefixScheduler(KNOBS, table), c1, c2)
+        law = batch_output_law(lambda table=table: PrefixBudget(KNOBS, table), c1, c2)
         assert all(abs(law[k] - want[k]) < 1e-9 for k in want)
-        admitted += int(PrefixScheduler(KNOBS, table).plan(PlanInput((chain(*c1), chain(*c1)))).verify_lengths.sum())
+        admitted += int(PrefixBudget(KNOBS, table).plan(PlanInput((chain(*c1), chain(*c1)))).verify_lengths.sum())
     assert admitted > 0  # the cases are not all "verify nothing"

@@ -7,12 +7,12 @@ import torch
 from sglang.kernels.ops.speculative import cache_locs
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
-from scheduler_patch.runtime.verify_batch import verifying
-from sgl_dspark.layout import VerifyBatch
+from scheduler_patch.runtime.verify_mode import verifying
+from sgl_dspark.layout import VerifyForwardInput
 
 # two requests (pool rows 1 and 0), 3 and 1 cached tokens, a verify width of 2; req_to_token[r, c] = 10 * r + c
 REQ_TO_TOKEN = torch.arange(3)[:, None] * 10 + torch.arange(8)[None, :]
-VERIFY = VerifyBatch(torch.tensor([5, 6, 9, 9]), torch.tensor([3, 4, 1, 2]),
+VERIFY = VerifyForwardInput(torch.tensor([5, 6, 9, 9]), torch.tensor([3, 4, 1, 2]),
                      torch.tensor([True, False, True, True] * 2), width=2)
 
 

@@ -1,5 +1,5 @@
-"""The one place a decode step's verify batch (sgl_dspark.layout.VerifyBatch) is put on SGLang's ScheduleBatch and
-taken off again.
+"""The one place a decode step's verify input (sgl_dspark.layout.VerifyForwardInput) is put on SGLang's ScheduleBatch
+and taken off again.
 
 Inside `verifying` the batch is a TARGET_VERIFY batch (its input ids, KV slots and spec info those of the verify
 rows) for the target's forward and the commit; after it, a decode batch again. SGLang sets input ids, KV slots and
@@ -14,11 +14,11 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-from sgl_dspark.layout import VerifyBatch
+from sgl_dspark.layout import VerifyForwardInput
 
 
 @contextmanager
-def verifying(batch, verify: VerifyBatch, req_to_token: torch.Tensor, device) -> Iterator[None]:
+def verifying(batch, verify: VerifyForwardInput, req_to_token: torch.Tensor, device) -> Iterator[None]:
     """SGLang's `batch` carries `verify` inside the block: each request's verify rows get the KV slots just past its
     cached tokens (req_to_token columns seq_len .. seq_len + width), and hidden states are captured for the drafter."""
     from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func

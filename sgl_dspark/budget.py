@@ -1,6 +1,6 @@
 """Verify budget: which drafted nodes of each request the target verifies in one step (paper 3.2.2, 5.2).
 
-Owns the scheduler protocol (`plan`, `observe`) and its modes, chosen once by `make_scheduler`: "prefix"
+Owns the budget policy protocol (`plan`, `observe`) and its modes, chosen once by `make_budget`: "prefix"
 (Algorithm 1 with its early stop, taken a width level at a time: the verify batch pads every request to the widest,
 so the node that widens it costs a row per request and the other requests' nodes at that width ride free),
 "lagged" (5.2: a global-argmax budget from confidences two steps old) and
@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from sgl_dspark.config import DSparkConfig
+from sgl_dspark.config import DSparkKnobs
 from sgl_dspark.cost import StepCostTable, refit
 from sgl_dspark.tree import DraftTree
 
@@ -23,7 +23,7 @@ LAG_STEPS = 2  # the lagged budget uses the pool of this many plans ago (5.2: "t
 
 @dataclass(frozen=True)
 class PlanInput:
-    """One step's scheduler input."""
+    """One step's verify-budget input."""
 
     trees: tuple[DraftTree, ...]  # R requests' blocks (chain or tree), confidences already calibrated
     extra_tokens: int = 0  # tokens the same target step processes besides these blocks (e.g. a prefill chunk)
@@ -53,11 +53,11 @@ class Knobs:
     refit_alpha: float  # online cost-table refit weight per observed step (0: frozen)
 
     @staticmethod
-    def from_config(config: DSparkConfig) -> "Knobs":
+    def from_config(config: DSparkKnobs) -> "Knobs":
         return Knobs(config.min_verify, config.max_verify, config.latency_target_s, config.cost_refit_alpha)
 
 
-class Scheduler(Protocol):
+class BudgetPolicy(Protocol):
     def plan(self, batch: PlanInput) -> VerifyPlan: ...
 
     def observe(self, result: StepResult) -> None: ...
@@ -118,7 +118,7 @@ def candidates(trees: tuple[DraftTree, ...]) -> Candidates:
     conf = torch.cat([t.confidence for t in trees]).to(torch.float64)
     draft = parents >= 0
     if bool(((conf[draft] < 0) | (conf[draft] > 1) | conf[draft].isnan()).any()):
-        raise ValueError(f"scheduler: draft confidences must lie in [0, 1] (calibrated probabilities), got "
+        raise ValueError(f"verify budget: draft confidences must lie in [0, 1] (calibrated probabilities), got "
                          f"min {conf[draft].min().item()}, max {conf[draft].max().item()}")
     survival, depth = path_products(parents, conf)
     node = torch.arange(parents.shape[0]) - offsets[request]
@@ -237,13 +237,14 @@ def make_plan(cands: Candidates, admitted: torch.Tensor, extra_tokens: int) -> V
     return VerifyPlan(selections, lengths, cands.n_requests * (1 + width) + extra_tokens, tau)
 
 
-class BudgetScheduler:
+class CostedBudget:
     """The shared shell of the budgeted modes: candidates -> forced / open split -> the mode's budget on the
     open nodes -> latency cap -> plan. A subclass only says how many open nodes to admit (`budget`)."""
 
     def __init__(self, knobs: Knobs, table: StepCostTable | None):
         if table is None:
-            raise ValueError(f"scheduler {type(self).__name__} needs a step-cost table (set cost_table or profile one)")
+            raise ValueError(f"verify budget {type(self).__name__} needs a step-cost table "
+                             "(set cost_table or profile one)")
         self.knobs = knobs
         self.cost_table = table
 
@@ -266,14 +267,14 @@ class BudgetScheduler:
             self.cost_table = refit(self.cost_table, result.batch_tokens, result.seconds, self.knobs.refit_alpha)
 
 
-class PrefixScheduler(BudgetScheduler):
+class PrefixBudget(CostedBudget):
     """Paper Algorithm 1: greedy admission with the early stop (lossless on its own), a width level at a time."""
 
     def budget(self, pool: Pool) -> int:
         return level_budget(pool, throughput(pool, self.cost_table), early_stop_budget)
 
 
-class LaggedScheduler(BudgetScheduler):
+class LaggedBudget(CostedBudget):
     """Paper 5.2: the budget K is the global argmax of Theta (at level ends) over the pool of `lag` plans ago, so it
     is known before this step's tokens exist (and may cross SPS cliffs); this step takes its first K open nodes. Until
     `lag` plans have been seen it falls back to the early stop (also lossless)."""
@@ -306,9 +307,9 @@ class VerifyAll:
         pass
 
 
-SCHEDULERS: dict[str, type] = {"prefix": PrefixScheduler, "lagged": LaggedScheduler, "off": VerifyAll}
+BUDGETS: dict[str, type] = {"prefix": PrefixBudget, "lagged": LaggedBudget, "off": VerifyAll}
 
 
-def make_scheduler(config: DSparkConfig, table: StepCostTable | None) -> Scheduler:
+def make_budget(config: DSparkKnobs, table: StepCostTable | None) -> BudgetPolicy:
     """The mode is chosen here, once; the returned object never looks at the mode name again."""
-    return SCHEDULERS[config.scheduler](Knobs.from_config(config), table)
+    return BUDGETS[config.budget](Knobs.from_config(config), table)
