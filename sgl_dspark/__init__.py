@@ -33,7 +33,7 @@ Glossary (used the same way in every module):
 
 __version__ = "0.1.0"
 
-_OFFLINE_API = ("DSparkEngine", "DSparkConfig", "DSparkOutput")  # sgl_dspark.engine: imports SGLang, so loaded lazily
+_OFFLINE_API = ("DSparkEngine", "DSparkConfig", "DSparkOutput")  # sgl_dspark.engine: the offline API, loaded lazily
 
 
 def __getattr__(name: str):
