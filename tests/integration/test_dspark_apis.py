@@ -168,26 +168,33 @@ SPEC_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec
                "spec_num_proposed_drafts")
 
 
-def spec_details(server, path: str, body: dict) -> dict:
+def spec_details(server, path: str, body: dict) -> tuple[dict, int]:
+    """The reply's speculative details and its completion token count."""
     reply = requests.post(f"{server.base_url}/v1/{path}", timeout=600,
                           json={**body, "model": "default", "temperature": 0, "return_spec_tokens_details": True})
     reply.raise_for_status()
-    return reply.json()["sglext"]["spec_tokens_details"]
+    return reply.json()["sglext"]["spec_tokens_details"], reply.json()["usage"]["completion_tokens"]
 
 
 def test_openai_spec_tokens_details_are_dsparks_per_request_figures(chain_server):
     """`return_spec_tokens_details` (SGLang's per-request speculative fields, read by tools such as AIPerf) answers
-    with DSPARK's figures: those /generate's meta_info gives for the same greedy request (accepted / verified
-    drafts, not SGLang's fixed-length count), and an acceptance histogram over the request's verify steps whose
-    weighted sum is its correct-draft count."""
+    with DSPARK's figures, defined as /generate's meta_info defines them: tokens per verify step with the bonus
+    (completion tokens / verify steps), accepted over verified drafts (not SGLang's fixed-length count), and an
+    acceptance histogram over the request's verify steps whose weighted sum is its correct-draft count. How many
+    drafts each step verifies follows the measured step cost, so two runs of one request may verify different
+    counts: the figures are checked against the request's own tokens, not against another run's."""
     meta = generate(chain_server.base_url, CODE_PROMPT, max_new_tokens=48, **GREEDY)["meta_info"]
-    completion = spec_details(chain_server, "completions", {"prompt": CODE_PROMPT, "max_tokens": 48})
-    chat = spec_details(chain_server, "chat/completions", {"messages": CHAT, "max_tokens": 48})
-    assert {k: completion[k] for k in SPEC_FIELDS} == pytest.approx({k: meta[k] for k in SPEC_FIELDS})
-    for details in (completion, chat):
+    replies = [spec_details(chain_server, "completions", {"prompt": CODE_PROMPT, "max_tokens": 48}),
+               spec_details(chain_server, "chat/completions", {"messages": CHAT, "max_tokens": 48})]
+    assert set(SPEC_FIELDS) <= set(meta) and set(SPEC_FIELDS) <= set(replies[0][0])
+    for details, completion_tokens in replies:
         histogram = details["spec_correct_drafts_histogram"]
         assert details["spec_verify_ct"] > 0 and sum(histogram) == details["spec_verify_ct"], details
         assert sum(k * n for k, n in enumerate(histogram)) == details["spec_num_correct_drafts"], details
+        # every verify step commits its accepted drafts and one bonus token; the prefill commits the first token
+        committed = 1 + details["spec_verify_ct"] + details["spec_num_correct_drafts"]
+        assert completion_tokens <= committed <= completion_tokens + len(histogram), details
+        assert details["spec_accept_length"] == pytest.approx(completion_tokens / details["spec_verify_ct"])
         assert details["spec_num_correct_drafts"] <= details["spec_num_proposed_drafts"], details
         assert details["spec_accept_rate"] == pytest.approx(
             details["spec_num_correct_drafts"] / details["spec_num_proposed_drafts"])
