@@ -22,8 +22,9 @@ is imported only when an engine starts (`sgl_dspark` exports these names lazily)
 | use_hierarchical_verify | True: configs/tree.json's knobs (tree_width, | verify a token tree (True) or one chain    |
 |                         | max_tree_nodes, branch_threshold);           | (False)                                    |
 |                         | False: tree_width 1                          |                                            |
-| hardware_aware          | budget: True "prefix", False "off"           | verify the prefix the measured step costs  |
-|                         |                                              | say pays (True) or all drafted (False)     |
+| hardware_aware          | True: budget "prefix", gate on;              | the measured step costs decide what is     |
+|                         | False: budget "off", gate off                | verified and who drafts (True), or every   |
+|                         |                                              | step drafts and verifies all (False)       |
 
 A field left None passes nothing: `DSparkConfig(model_path=M)` serves the project's defaults (configs/default.json,
 then the drafter's recommended.json), as `--speculative-algorithm DSPARK` alone does. `knobs` sets any other knob
@@ -43,7 +44,7 @@ from sgl_dspark.config import CLI_PREFIX, config_from_flags, preset_path, read_p
 ALGORITHM = "DSPARK"
 TREE_PRESET = "tree"  # use_hierarchical_verify=True: this preset's shape
 CHAIN = {"tree_width": 1}  # use_hierarchical_verify=False
-BUDGET = {True: "prefix", False: "off"}  # hardware_aware -> budget
+HARDWARE_AWARE = {True: {"budget": "prefix", "gate": True}, False: {"budget": "off", "gate": False}}
 ARTICLE_KNOB = {"draft_length": "max_window", "confidence_threshold": "survival_threshold",
                 "use_hierarchical_verify": "tree_width", "hardware_aware": "budget"}  # the knob each field decides
 BOOLEAN_FIELDS = ("use_hierarchical_verify", "hardware_aware")
@@ -56,7 +57,7 @@ class DSparkConfig:
     draft_length: int | None = None  # -> max_window (None: the drafter's gamma, or its recommended knobs')
     confidence_threshold: float | None = None  # -> survival_threshold
     use_hierarchical_verify: bool | None = None  # -> the tree preset's knobs (True) or a chain (False)
-    hardware_aware: bool | None = None  # -> budget "prefix" (True) or "off" (False)
+    hardware_aware: bool | None = None  # -> budget "prefix" and the gate (True), or budget "off", no gate (False)
     draft_model_path: str | None = None  # None: sgl_dspark.tools.models.default_drafter(model_path)
     dtype: str | None = None  # None: launch.ServerSpec's (float32, as the project's servers); "auto": SGLang's choice
     device: str | None = None  # None: "cpu" on a host without CUDA (and its flags), else SGLang's choice
@@ -78,13 +79,15 @@ def field_knobs(name: str, value: Any) -> dict[str, Any]:
     """The knobs one article field sets (none when it is None).
 
     >>> field_knobs("draft_length", 8), field_knobs("hardware_aware", False), field_knobs("confidence_threshold", None)
-    ({'max_window': 8}, {'budget': 'off'}, {})
+    ({'max_window': 8}, {'budget': 'off', 'gate': False}, {})
     """
     if value is None:
         return {}
     if name == "use_hierarchical_verify":
         return read_preset(preset_path(TREE_PRESET)) if value else dict(CHAIN)
-    return {ARTICLE_KNOB[name]: BUDGET[value] if name == "hardware_aware" else value}
+    if name == "hardware_aware":
+        return dict(HARDWARE_AWARE[value])
+    return {ARTICLE_KNOB[name]: value}
 
 
 def article_knobs(config: DSparkConfig) -> dict[str, Any]:
@@ -95,7 +98,8 @@ def article_knobs(config: DSparkConfig) -> dict[str, Any]:
 def check_config(config: DSparkConfig) -> None:
     """ValueError (one line, naming the field) unless the server would accept these knobs: each article field is
     built alone through `load_config` (its RULES) so the message names the field, then everything together (the
-    cross-knob rules, a `knobs` preset, the drafter's recommended knobs when its folder is given)."""
+    cross-knob rules, a `knobs` preset). The drafter's own rules (its recommended knobs, its gamma) are checked once
+    the drafter is resolved: check_fits_drafter."""
     if not isinstance(config.model_path, str) or not config.model_path.strip():
         raise ValueError(f"DSparkConfig: model_path={config.model_path!r} is invalid; allowed: a model folder or id")
     for name, knob in ARTICLE_KNOB.items():
@@ -110,7 +114,7 @@ def check_config(config: DSparkConfig) -> None:
     taken = [k for k in config.engine_args if k in SET_BY_FIELDS or k.startswith(CLI_PREFIX)]
     if taken:
         raise ValueError(f"DSparkConfig: engine_args[{taken[0]!r}] is set by DSparkConfig; use its field or knobs")
-    _checked(f"{set_fields(config)} -> ", config_from_flags, flag_kwargs(config.dspark_knobs), config.draft_model_path)
+    _checked(f"{set_fields(config)} -> ", config_from_flags, flag_kwargs(config.dspark_knobs))
 
 
 def set_fields(config: DSparkConfig) -> str:
@@ -120,17 +124,17 @@ def set_fields(config: DSparkConfig) -> str:
 
 
 def check_fits_drafter(config: DSparkConfig, drafter: str) -> None:
-    """ValueError (one line) unless the knobs fit the drafter's gamma (its block_size): e.g. the article's
-    draft_length=16 with a drafter that drafts 7 positions. Checked before SGLang starts, as its start-up would (a
-    drafter folder that cannot be read is left to SGLang to report)."""
+    """ValueError (one line) unless the knobs fit the drafter: with its recommended knobs, and within its gamma (its
+    block_size), e.g. the article's draft_length=16 with a drafter that drafts 7 positions. Checked before SGLang
+    starts, as its start-up would (a drafter folder that cannot be read is left to SGLang to report)."""
     from sgl_dspark.drafter.checkpoint import read_drafter_config
 
     try:
         gamma = read_drafter_config(drafter).gamma
     except OSError:
         return
-    knobs = config_from_flags(flag_kwargs(config.dspark_knobs), drafter)
-    _checked(f"{set_fields(config)} -> drafter {drafter} (block_size {gamma}): ", knobs.verify_nodes, gamma)
+    prefix = f"{set_fields(config)} -> drafter {drafter} (block_size {gamma}): "
+    _checked(prefix, lambda: config_from_flags(flag_kwargs(config.dspark_knobs), drafter).verify_nodes(gamma))
 
 
 def _checked(prefix: str, build: Callable[..., object], *args: Any) -> None:
@@ -147,23 +151,12 @@ def flag_kwargs(knobs: Mapping[str, Any]) -> dict[str, Any]:
     return {f"{CLI_PREFIX}{knob}": value for knob, value in knobs.items()}
 
 
-def cli_kwargs(flags: tuple[str, ...]) -> dict[str, Any]:
-    """Server flags -> Engine keyword arguments: ("--device", "cpu", "--sleep-on-idle") -> {"device": "cpu",
-    "sleep_on_idle": True} (a flag not followed by a value is a switch)."""
-    out: dict[str, Any] = {}
-    for i, flag in enumerate(flags):
-        if flag.startswith("--"):
-            value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else True
-            out[flag[2:].replace("-", "_")] = value
-    return out
-
-
 def host_kwargs(config: DSparkConfig) -> dict[str, Any]:
     """device and dtype: the config's, else the project's serving defaults for this host (sgl_dspark.tools.launch:
     on a host without CUDA the CPU flags its servers get)."""
-    from sgl_dspark.tools.launch import ServerSpec, device_args
+    from sgl_dspark.tools.launch import ServerSpec, device_settings
 
-    device = {"device": config.device} if config.device is not None else cli_kwargs(device_args())
+    device = {"device": config.device} if config.device is not None else device_settings()
     return {**device, "dtype": config.dtype or ServerSpec.dtype}
 
 

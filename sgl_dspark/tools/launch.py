@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -60,10 +61,21 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+CPU_SETTINGS = {"device": "cpu", "sleep_on_idle": True, "skip_server_warmup": True}  # SGLang's ServerArgs fields
+
+
+def device_settings() -> dict[str, Any]:
+    """The ServerArgs fields this host's servers get: on a host without CUDA, CPU_SETTINGS; else none."""
+    return {} if has_cuda() else dict(CPU_SETTINGS)
+
+
 def device_args() -> tuple[str, ...]:
-    if has_cuda():
-        return ()
-    return ("--device", "cpu", "--sleep-on-idle", "--skip-server-warmup")
+    """device_settings() as launch_server flags: {"device": "cpu", "sleep_on_idle": True} -> ("--device", "cpu",
+    "--sleep-on-idle")."""
+    args: list[str] = []
+    for name, value in device_settings().items():
+        args += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return tuple(args)
 
 
 def port_in_use(port: int) -> bool:

@@ -42,7 +42,8 @@ def test_the_article_example_maps_onto_knobs():
     assert engine_kwargs(DSparkConfig("M", **ARTICLE), "D") == {**BASE, **CPU_HOST,
         "speculative_dspark_max_window": 16, "speculative_dspark_survival_threshold": 0.7,
         "speculative_dspark_tree_width": 3, "speculative_dspark_max_tree_nodes": 16,
-        "speculative_dspark_branch_threshold": 0.6, "speculative_dspark_budget": "prefix"}  # fmt: skip
+        "speculative_dspark_branch_threshold": 0.6, "speculative_dspark_budget": "prefix",
+        "speculative_dspark_gate": True}  # fmt: skip
 
 
 def test_unset_fields_pass_nothing():
@@ -60,8 +61,11 @@ def test_hierarchical_verify_is_the_tree_preset_and_false_is_a_chain():
 
 
 @pytest.mark.parametrize("hardware_aware, budget", [(True, "prefix"), (False, "off")])
-def test_hardware_aware_is_the_verify_budget(hardware_aware, budget):
-    assert dspark_kwargs(DSparkConfig("M", hardware_aware=hardware_aware)) == {"speculative_dspark_budget": budget}
+def test_hardware_aware_is_the_verify_budget_and_the_gate(hardware_aware, budget):
+    assert dspark_kwargs(DSparkConfig("M", hardware_aware=hardware_aware)) == {
+        "speculative_dspark_budget": budget, "speculative_dspark_gate": hardware_aware}
+    refined = DSparkConfig("M", hardware_aware=False, knobs={"gate": True})  # knobs refine what a field set
+    assert dspark_kwargs(refined)["speculative_dspark_gate"] is True
 
 
 def test_knobs_refine_the_article_fields_and_may_name_a_preset():
@@ -69,6 +73,11 @@ def test_knobs_refine_the_article_fields_and_may_name_a_preset():
     assert config_from_flags(dspark_kwargs(config)).max_tree_nodes == 64
     assert dspark_kwargs(DSparkConfig("M", knobs={"preset": "lagged", "lookup": False})) == {
         "speculative_dspark_preset": "lagged", "speculative_dspark_lookup": False}
+
+
+def test_the_engine_and_the_launched_servers_get_one_set_of_cpu_settings():
+    assert launch.device_args() == ("--device", "cpu", "--sleep-on-idle", "--skip-server-warmup")
+    assert engine_kwargs(DSparkConfig("M"), "D") == {**BASE, **CPU_HOST}
 
 
 def test_host_defaults_and_explicit_device(monkeypatch):
