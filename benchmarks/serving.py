@@ -2,7 +2,7 @@
 (`python -m sglang.benchmark.serving`, alias `sglang.bench_serving`) on chat (ShareGPT) and code (HumanEval,
 MBPP) prompts at several concurrencies, once per configuration: no speculation, builtin NGRAM, DSPARK with the two
 flags a user types (the drafter's recommended knobs apply), and on request DSPARK variants (gate on / off, tree, verify
-scheduler off, drafter in a worker process). Configurations are interleaved within each repeat; results are medians with
+budget off, drafter in a worker process). Configurations are interleaved within each repeat; results are medians with
 min/max over repeats, speedups vs no speculation taken within the same repeat.
 
 Owns server lifetimes (always stopped) and the files it writes under --out; the numbers depend on the machine.

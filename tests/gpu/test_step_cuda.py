@@ -85,7 +85,7 @@ def test_the_step_on_cuda_decodes_a_llama_shaped_targets_plain_output(preset):
 
 def test_sampled_output_on_cuda_follows_the_llama_shaped_targets_law():
     """64 sampled requests of one prompt a run, 24 runs (verifier streams seeded apart), every drafted token verified
-    (scheduler off): the first two tokens' joint distribution against the target's exact law, chi-square; the same
+    (budget off): the first two tokens' joint distribution against the target's exact law, chi-square; the same
     draws must fail against the law of another target (the check can see a wrong law)."""
     params = SamplingParams(temperature=1.0)
     sampler = SamplerBatch.of([params])

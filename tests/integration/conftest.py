@@ -128,7 +128,7 @@ def bigram_drafter_path(default_model_path, plain_server, plain_reference, tmp_p
 @pytest.fixture(scope="session")
 def chain_server(default_model_path, bigram_drafter_path, tmp_path_factory):
     """DSPARK's default preset (chain drafting) with the bigram drafter (multi-token blocks are accepted). Every
-    request verifies at least one draft a step (min-verify 1): left to itself, the prefix scheduler verifies none
+    request verifies at least one draft a step (min-verify 1): left to itself, the prefix budget verifies none
     where the machine's step costs say a draft does not pay (CI saw a whole max_tokens-2 batch verify nothing), and
     the tests on this server are about what verified blocks do (cut at stops, caps and EOS, logprobs, seeds)."""
     spec = dspark_spec(default_model_path, bigram_drafter_path, "--speculative-dspark-min-verify", "1")

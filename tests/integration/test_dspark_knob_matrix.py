@@ -10,13 +10,13 @@ also cover every pair of switch settings (`test_the_matrix_crosses_every_knob_se
 switch`). Several knobs share a server: a server start costs ~30 s of CI time, a request ~1 s.
 
 - small: the narrowest drafting (max-window 1, min-window 0, survival-threshold 1, max-verify 1, lookup 1 node of
-  1 token on 1 chain, scheduler off, gate-margin 0, cost-refit-alpha 1, cpu-gemm native, draft-dtype float32,
+  1 token on 1 chain, budget off, gate-margin 0, cost-refit-alpha 1, cpu-gemm native, draft-dtype float32,
   cost-table-out), with the bigram drafter (conftest: its drafts are often accepted).
 - large: the widest (max-window = min-window = the drafter's gamma 7, branch-threshold 1, min-verify 64 over any
-  width, lookup 64 nodes / 8 chains / 32 tokens, scheduler lagged, gate-margin 1, cost-refit-alpha 0, draft-dtype
+  width, lookup 64 nodes / 8 chains / 32 tokens, budget lagged, gate-margin 1, cost-refit-alpha 0, draft-dtype
   bfloat16, draft-ahead, an explicit calibration file, trace), with the bigram drafter.
 - mid: tree-width 8 capped by max-tree-nodes 7 (= gamma), min-verify = max-verify = 3, latency-target-ms 0.001,
-  scheduler prefix, a one-point (flat) cost table, with the shipped drafter.
+  budget prefix, a one-point (flat) cost table, with the shipped drafter.
 max-verify 0 with lookup on (it crashed the server once: lookup learnt from drafts never verified) is the no-draft
 server of test_dspark_lossless.py (the shipped drafter, whose recommended knobs turn lookup on, the gate and the
 draft process on).

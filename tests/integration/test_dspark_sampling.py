@@ -45,7 +45,7 @@ SETTINGS = {
 }
 SYNC_REFERENCE = ("t1-penalties",)
 # Every step verifies at least one draft, so every token after the first goes through rejection sampling: left to
-# itself, the prefix scheduler verifies none in most steps where the step-cost table says a second row per request
+# itself, the prefix budget verifies none in most steps where the step-cost table says a second row per request
 # costs more than the ~0.5 token it would gain (16 requests at a time on this CPU).
 MIN_VERIFY = ("--speculative-dspark-min-verify", "1")
 # The lookup configuration drafts one drafter token and verifies four nodes a request, so copied chains are

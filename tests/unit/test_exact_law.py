@@ -1,5 +1,5 @@
 """Exact law of sampled output through the whole decode-step pipeline: drafting, lookup grafts, the verify
-scheduler (every mode), `Grafted.select` (which folds lookup nodes) and the verifier, on a 3-token vocabulary.
+verify budget (every mode), `Grafted.select` (which folds lookup nodes) and the verifier, on a 3-token vocabulary.
 
 Every random choice (the drafter's draws, the verifier's acceptance coins and residual/bonus draws, and the
 target's draws for tokens after the step) goes through `Replay`, which enumerates every sequence of choices with

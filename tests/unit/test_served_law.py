@@ -1,6 +1,6 @@
 """Sampled output of the served decode step follows the target's law (issue 27): the step the SGLang worker runs
 (`sgl_dspark.step`: the real drafter through `LocalDraftClient`, its confidence rule and window, lookup chains
-grafted as siblings of the drafter's nodes, the prefix or lagged scheduler, `Grafted.select`, plain decoding's
+grafted as siblings of the drafter's nodes, the prefix or lagged budget, `Grafted.select`, plain decoding's
 constraints, lossless acceptance), with the generators made as the worker makes them (`sgl_dspark.streams`: the
 drafter's DRAFT stream and the verifier's VERIFY stream, both from one --random-seed), around a synthetic target
 on a 5-token vocabulary. One "server" per seed, two requests in its batch, 10,000 seeds, 6 generated tokens: each
