@@ -81,9 +81,6 @@ UNSUPPORTED = (
             "DP spec/prefill coordination is the builtin worker's"),
     Refusal("R-adaptive", "--speculative-adaptive", lambda c: bool(c.speculative_adaptive),
             "the plugin's scheduler chooses the verify budget itself"),
-    Refusal("R-tp", "--tp-size > 1", lambda c: c.tp_size != 1,
-            "every rank would plan its own verify shapes from its own timings (one plan broadcast from rank 0 is "
-            "not built yet); serve with --tp-size 1 or --dp-size N"),
     Refusal("R-dp-attn", "--enable-dp-attention", lambda c: bool(c.enable_dp_attention),
             "DP attention runs idle batches through the worker, which DSPARK does not support"),
     Refusal("R-hidden", "--enable-return-hidden-states / --return-hidden-states-mode",
@@ -93,7 +90,7 @@ UNSUPPORTED = (
 # ServerArgs fields the refusals read (checked for drift by server_args.py).
 REFUSAL_FIELDS = ("pp_size", "disaggregation_mode", "enable_unified_memory", "enable_lora", "lora_paths",
                   "speculative_use_block_verification", "dcp_size", "enable_linear_replayssm_spec",
-                  "speculative_adaptive", "tp_size", "enable_dp_attention",
+                  "speculative_adaptive", "enable_dp_attention",
                   "enable_return_hidden_states", "return_hidden_states_mode")
 
 # (file under sglang/, enclosing function or "<module>") -> number of DSPARK references, as audited above.

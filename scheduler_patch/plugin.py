@@ -5,24 +5,26 @@ after plugins load in some processes), applies the named patches (all checked be
 drift ends the process with one line, since a half-patched SGLang would hand DSPARK to the builtin) and
 registers the attention backends. $SGL_DSPARK_IMPL=builtin hands the name DSPARK back to SGLang's builtin
 implementation (where it can run) and applies only the patches that are not about DSPARK. With no DSPARK
-requested, the only patch that changes SGLang's behaviour refuses prompts the model cannot run (request_checks.py:
-a 400 instead of a dead server).
+requested, the patches that change SGLang's behaviour refuse prompts the model cannot run (request_checks.py: a 400
+instead of a dead server) and let tensor parallelism start on a CPU (cpu_parallel.py).
 """
 
 import os
 import sys
 
 import sgl_dspark
-from scheduler_patch import algorithm, errors, metrics, request_checks, server_args
+from scheduler_patch import algorithm, cpu_parallel, errors, metrics, request_checks, server_args
 from scheduler_patch.backends import register_attention_backends
 from scheduler_patch.patches import PatchDriftError, apply_all
 
 ANNOUNCE = "sgl-dspark plugin loaded"
-PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES, *metrics.PATCHES, *request_checks.PATCHES)
+PATCHES = (*algorithm.PATCHES, *server_args.PATCHES, *errors.PATCHES, *metrics.PATCHES, *request_checks.PATCHES,
+           *cpu_parallel.PATCHES)
 IMPL_ENV = "SGL_DSPARK_IMPL"  # "plugin" (default): DSPARK is sgl-dspark's; "builtin": SGLang's own (CUDA/NPU/XPU)
 # With the name handed back, only what is not about DSPARK stays: the prompt checks, the one-line start-up errors,
 # and the refusal of the builtin where it cannot run.
-BUILTIN_PATCHES = (*errors.PATCHES, *request_checks.PATCHES, server_args.BUILTIN_WHERE_IT_RUNS)
+BUILTIN_PATCHES = (*errors.PATCHES, *request_checks.PATCHES, *cpu_parallel.PATCHES,
+                   server_args.BUILTIN_WHERE_IT_RUNS)
 
 
 def patches_for(impl: str) -> tuple:

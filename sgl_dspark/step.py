@@ -65,6 +65,9 @@ class StepParts:
     vocab: int
     stride: int  # the KV width reserved per request: no block may have more rows
     draft_failed: Callable[[DraftWorkerUnavailable], None]  # counts and logs a draft-side fault
+    # Under tensor parallelism every rank must verify one plan: shared(make) runs make() (draft -> pack) on the
+    # planning rank and returns its DecodeStep on every rank. None: this process plans alone.
+    shared: Callable[[Callable[[], "DecodeStep"]], "DecodeStep"] | None = None
 
 
 @dataclass
@@ -124,7 +127,10 @@ def decode_step(parts: StepParts, reqs: Sequence[StepRequest], forward: Callable
                 custom: Callable[[DecodeStep, torch.Tensor], None] | None = None) -> StepOutcome:
     """One decode step of `reqs`; `forward` runs the target on the step's verify rows, `custom` (the worker's custom
     logit processors) transforms the constrained logits in place before acceptance."""
-    step = draft_and_plan(parts, reqs)  # gate -> draft -> graft -> budget -> pack
+    if parts.shared is None:
+        step = draft_and_plan(parts, reqs)  # gate -> draft -> graft -> budget -> pack
+    else:  # tensor parallelism: the planning rank's step, on every rank
+        step = parts.shared(lambda: draft_and_plan(parts, reqs))
     verified = forward(step)  # the target's verify forward
     constrain(step, reqs, verified.logits, parts.vocab)
     if custom is not None:

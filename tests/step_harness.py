@@ -115,6 +115,16 @@ class FlakyClient:
         self.inner.write_context(update)
 
 
+class FollowerClient(FlakyClient):
+    """A TP rank that does not plan: it keeps the drafter's context but must never be asked for drafts."""
+
+    def __init__(self, inner: LocalDraftClient):
+        super().__init__(inner, 1)
+
+    def propose(self, batch):
+        raise AssertionError("a rank that does not plan was asked for drafts")
+
+
 @dataclass
 class Run:
     outputs: list[list[int]]
@@ -128,24 +138,28 @@ class Run:
 
 def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
            kinds=KINDS, on_step=None, drafter_on=DRAFTER, target=None, prompts=PROMPTS, tokens: int = TOKENS,
-           seed: int = 0, earlier: Sequence[Sequence[int]] = ()) -> Run:
+           seed: int = 0, earlier: Sequence[Sequence[int]] = (), shared=None, plans: bool = True) -> Run:
     """The requests (one per prompt, `kinds` their sampling) decoded together through the step until each has
     `tokens` tokens after its prompt, against `target` (the table on `device` by default, or a
     tests/torch_target.LlamaTarget), the drafter's work on its own device (drafter_on: DRAFTER on the CPU, or
     drafter(device)); the verifier's stream seeded with `seed`; on_step(step, reqs, logits, sampler) runs before
-    each step's acceptance; `earlier`: histories of requests that left before, in the suffix cache at the start."""
+    each step's acceptance; `earlier`: histories of requests that left before, in the suffix cache at the start;
+    `shared`: StepParts.shared (tensor parallelism); plans=False: a TP rank that never plans (no lookup state, a
+    client that refuses to draft)."""
     target = target or TableTarget(device)
     cfg = load_config(preset, overrides={"gate": False, **knobs})
     client = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(prompts) * SLOTS, 11)
     if fail_every:
         client = FlakyClient(client, fail_every)
-    lookup = lookup_registry(cfg.lookup_knobs(), cfg.suffix_cache_tokens) if cfg.lookup else None
+    if not plans:
+        client = FollowerClient(client)
+    lookup = lookup_registry(cfg.lookup_knobs(), cfg.suffix_cache_tokens) if cfg.lookup and plans else None
     for history in earlier:
         lookup.suffix.add(history)
     run = Run([[p[-1]] for p in prompts])
     stride = 1 + cfg.verify_nodes(drafter_on.config.gamma)
     parts = StepParts(cfg, client, make_budget(cfg, COST), lookup, None, target.vocab, stride,
-                      draft_failed=lambda exc: run.faults.append(exc.cause))
+                      draft_failed=lambda exc: run.faults.append(exc.cause), shared=shared)
     pool = torch.arange(len(prompts) * SLOTS).view(len(prompts), SLOTS)  # [request, position] -> KV slot
     slots = list(pool)
     for b, prompt in enumerate(prompts):  # prefill: the prompt's features but its last token's (the anchor)

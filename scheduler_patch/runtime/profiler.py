@@ -87,20 +87,22 @@ class VerifyStep:
         pool[:requests, :context + width] = 0
 
 
-def profile_verify(model_runner, max_width: int) -> StepCostTable:
+def profile_verify(model_runner, max_width: int, budget_s: float | None) -> StepCostTable:
     kv = model_runner.token_to_kv_pool
     limits = ProfileLimits(max_width, model_runner.req_to_token_pool.size, int(kv.size))
     step = VerifyStep(model_runner, limits)
     counts = token_counts(limits.max_tokens())
     step(1)  # one warm-up (first-call setup of the verify path), then each count timed as it comes
-    return profile(step, counts, repeats=PROFILE_REPEATS, warmup=0, budget_s=PROFILE_BUDGET_S)
+    return profile(step, counts, repeats=PROFILE_REPEATS, warmup=0, budget_s=budget_s)
 
 
-def startup_table(model_runner, max_width: int, fallback: StepCostTable) -> StepCostTable:
-    """The profiled table, logged with its cost; the fallback (with a warning) if the dummy verify fails."""
+def startup_table(model_runner, max_width: int, fallback: StepCostTable, ranks: int = 1) -> StepCostTable:
+    """The profiled table, logged with its cost; the fallback (with a warning) if the dummy verify fails. Under
+    tensor parallelism (ranks > 1) every rank runs the same dummy forwards, so every count is timed: a time budget
+    would let ranks stop at different counts."""
     began = time.perf_counter()
     try:
-        table = profile_verify(model_runner, max_width)
+        table = profile_verify(model_runner, max_width, PROFILE_BUDGET_S if ranks == 1 else None)
     except Exception as exc:  # a model or backend the dummy batch does not fit must not stop the server
         logger.warning("sgl-dspark: step-cost profiling failed (%s: %s); starting from the prior table, refitted "
                        "online", type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")

@@ -23,6 +23,7 @@ from sgl_dspark.streams import DRAFT, stream_seed
 
 from scheduler_patch.launch import DSparkLaunch
 from scheduler_patch.runtime.profiler import SavingBudget, startup_table
+from scheduler_patch.runtime.tensor_parallel import tp_group, whole_vocab
 from scheduler_patch.target_gemm import pack_target
 
 logger = logging.getLogger("sgl_dspark")
@@ -87,11 +88,14 @@ def prior_cost_table() -> StepCostTable:
     return from_measurements(PRIOR_TOKENS, [PRIOR_STEP_S * (1 + PRIOR_SLOPE * (b - 1)) for b in PRIOR_TOKENS])
 
 
-def target_weights(model) -> TargetWeights:
+def target_weights(model, vocab: int, tp_group=None) -> TargetWeights:
+    """The target's embedding and LM head, whole (under tensor parallelism gathered from the ranks' shards)."""
     try:
-        return TargetWeights(model.model.embed_tokens.weight, model.lm_head.weight)
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
     except AttributeError as exc:
         raise ValueError(f"sgl-dspark: cannot find the embedding / LM head of {type(model).__name__}") from exc
+    whole = whole_vocab(embed, vocab, tp_group)
+    return TargetWeights(whole, whole if head is embed else whole_vocab(head, vocab, tp_group))
 
 
 def capture_target_features(model, layer_ids: tuple[int, ...], num_layers: int) -> None:
@@ -166,7 +170,8 @@ def build_setup(launch: DSparkLaunch, server_args, model_runner) -> WorkerSetup:
     if config.cost_table_out:
         budget = SavingBudget(budget, table, config.cost_table_out, log_interval(server_args),
                                     {"model": server_args.model_path, "device": str(model_runner.device)})
-    return WorkerSetup(launch, server_args.model_path, target, target_weights(model), budget)
+    weights = target_weights(model, int(model_runner.model_config.vocab_size), tp_group())
+    return WorkerSetup(launch, server_args.model_path, target, weights, budget)
 
 
 def start_cost_table(setup: WorkerSetup, model_runner) -> None:
@@ -175,6 +180,7 @@ def start_cost_table(setup: WorkerSetup, model_runner) -> None:
     config, budget = setup.config, setup.budget
     table = getattr(budget, "cost_table", None) or prior_cost_table()
     if not config.cost_table and (config.budget != "off" or config.cost_table_out):
-        table = startup_table(model_runner, setup.launch.verify_tokens, table)
+        group = tp_group()
+        table = startup_table(model_runner, setup.launch.verify_tokens, table, 1 if group is None else group.world_size)
     if hasattr(budget, "cost_table"):  # the "off" budget has none (unless wrapped to save one)
         budget.cost_table = table

@@ -34,6 +34,7 @@ from sgl_dspark.verify import VerifyResult
 from scheduler_patch.launch import launch_of
 from scheduler_patch.runtime.setup import WorkerSetup, build_setup, prior_cost_table, start_cost_table, worker_metrics
 from scheduler_patch.runtime.verify_mode import verifying
+from scheduler_patch.runtime.tensor_parallel import RankZeroPlan, tp_group
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,10 @@ class DSparkWorker(BaseSpecWorker):
         self.client: DraftClient | None = None  # made once the KV pool (its slot count) exists
         self.parts: StepParts | None = None  # the step's collaborators (sgl_dspark.step), with the client
         self.budget = self.setup.budget
-        self.lookup = None if self.launch.lookup is None else \
+        group = tp_group()
+        self.shared = None if group is None else RankZeroPlan(group)  # under TP: rank 0 plans every step
+        plans = self.shared is None or self.shared.leader  # the other ranks keep no lookup state: they never draft
+        self.lookup = None if self.launch.lookup is None or not plans else \
             lookup_registry(self.launch.lookup, self.setup.config.suffix_cache_tokens)
         self.metrics = worker_metrics(server_args)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
@@ -109,7 +113,7 @@ class DSparkWorker(BaseSpecWorker):
         kv = self.token_to_kv_pool_allocator.get_kvcache()
         self.client = self.setup.make_client(kv.size + kv.page_size, int(self.server_args.random_seed or 0))
         self.parts = StepParts(self.setup.config, self.client, self.budget, self.lookup, self.gate, self.vocab,
-                               self.stride, self.draft_failed)
+                               self.stride, self.draft_failed, self.shared)
 
     def init_cuda_graphs(self):
         """SGLang's last start-up step (the KV pools and attention backends exist): profile the step-cost table."""

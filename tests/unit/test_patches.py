@@ -327,7 +327,6 @@ def test_our_handle_server_args_redeclares_through_sglangs_recorder(target, draf
     ("fits", {"speculative_dspark_max_window": 9}, {}, "max_window 9 / min_window 1 exceed the drafter's gamma 4"),
     ("fits", None, {"pp_size": 2}, "--pp-size > 1 is not supported"),
     ("fits", None, {"enable_lora": True}, "--enable-lora / --lora-paths is not supported"),
-    ("fits", None, {"tp_size": 2}, "--tp-size > 1 is not supported"),
     ("fits", None, {"enable_dp_attention": True}, "--enable-dp-attention is not supported"),
     ("fits", None, {"enable_return_hidden_states": True}, "--enable-return-hidden-states / --return-hidden-states"),
     ("fits", None, {"attention_backend": "torch_native"}, "--attention-backend torch_native: DSPARK on CPU"),

@@ -3,9 +3,11 @@ greedy and seeded requests decode exactly what plain decoding of the same synthe
 lookup chains and draft-side faults (the step then verifies the anchor alone and counts the fault); and against a
 small Llama-shaped torch target with a KV cache (tests/torch_target.py), whose verify reads the step's tree mask."""
 
+import pickle
+
 import pytest
 import torch
-from step_harness import KINDS, PROMPTS, TOKENS, decode, plain_outputs
+from step_harness import GREEDY, KINDS, PROMPTS, SEEDED, TOKENS, decode, plain_outputs
 from torch_target import LlamaTarget
 
 from sgl_dspark.layout import AcceptRows
@@ -36,6 +38,28 @@ def test_the_suffix_caches_chains_from_an_earlier_request_are_verified_like_any_
     assert run.suffix_tokens > TOKENS  # more than one accepted per request on average
     without = decode({"lookup": True}, "chain")
     assert without.suffix_tokens == 0 and run.steps < without.steps
+
+
+def test_a_tp_rank_that_does_not_plan_decodes_the_planning_ranks_steps_into_the_same_tokens():
+    """Tensor parallelism (scheduler_patch/runtime/tensor_parallel.py): rank 0 plans each step (gate -> pack) and the
+    others receive its DecodeStep pickled; from the same logits and the verifier's stream seeded alike, a rank that
+    never drafts (no drafter calls, no lookup state) accepts the same tokens, unseeded sampled requests included,
+    and rank 0 decodes as one rank alone does."""
+    kinds = ((GREEDY, None), (SEEDED, None), (SEEDED, 1234))  # greedy, the verifier's stream, a seeded request
+    sent: list[bytes] = []
+
+    def leader(make):
+        step = make()
+        sent.append(pickle.dumps(step))  # as broadcast_pyobj sends it
+        return step
+
+    lead = decode({"lookup": True}, "tree", kinds=kinds, seed=5, shared=leader)
+    received = iter(sent)
+    follow = decode({"lookup": True}, "tree", kinds=kinds, seed=5, shared=lambda make: pickle.loads(next(received)),
+                    plans=False)
+    alone = decode({"lookup": True}, "tree", kinds=kinds, seed=5)
+    assert follow.outputs == lead.outputs == alone.outputs and next(received, None) is None
+    assert lead.outputs[0] == plain_outputs()[0] and lead.accepted_drafts > 0 and lead.branching > 0
 
 
 def test_draft_side_faults_degrade_to_plain_decoding_and_are_counted():
