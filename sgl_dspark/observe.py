@@ -30,6 +30,7 @@ class StepStats:
     commit_s: float  # acceptance + KV commit wall time
     drafted_ahead: int = 0  # requests whose draft was made ahead (during the previous step's tail)
     speculated: list[bool] | None = None  # per request: the gate let it draft (None: all did)
+    share_s: float = 0.0  # under TP: this rank's time in the plan's broadcast (inside draft_s), 0 without TP
 
     @property
     def speculating(self) -> int:
@@ -134,6 +135,7 @@ class Totals:
     draft_s: float = 0.0
     verify_s: float = 0.0
     commit_s: float = 0.0
+    share_s: float = 0.0
     drafted_ahead: int = 0
     speculated: int = 0  # request-steps that drafted
     spec_steps: int = 0  # steps in which some request drafted
@@ -148,13 +150,15 @@ class Totals:
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.commit_s += s.commit_s
+        self.share_s += s.share_s
         self.drafted_ahead += s.drafted_ahead
         self.speculated += s.speculating
         self.spec_steps += s.speculating > 0
 
     def line(self) -> str:
         """Per request-step means (accept_len is tau, bonus included), per-step milliseconds of each phase, and the
-        gate's shares: speculated (request-steps that drafted) and spec_steps (steps in which some request did)."""
+        gate's shares: speculated (request-steps that drafted) and spec_steps (steps in which some request did);
+        under TP, share_ms is the part of draft_ms spent broadcasting rank 0's plan (0.0 without TP)."""
         n = max(self.requests, 1)
         rate = accept_rate(self.accepted - self.requests, self.verified)
         ms = 1000.0 / max(self.steps, 1)
@@ -163,7 +167,7 @@ class Totals:
                 f"draft_ms={self.draft_s * ms:.1f} verify_ms={self.verify_s * ms:.1f} "
                 f"commit_ms={self.commit_s * ms:.1f} drafted_ahead={self.drafted_ahead / n:.2f} "
                 f"draft_failures={self.draft_failures} speculated={self.speculated / n:.2f} "
-                f"spec_steps={self.spec_steps / max(self.steps, 1):.2f}")
+                f"spec_steps={self.spec_steps / max(self.steps, 1):.2f} share_ms={self.share_s * ms:.1f}")
 
 
 class Series:

@@ -185,7 +185,7 @@ class DSparkWorker(BaseSpecWorker):
     # -- decode: the step (sgl_dspark.step), then logprobs -> commit -> observe -> SGLang's result -----------
 
     def decode(self, batch, on_publish):
-        clock, hits = StepClock(), self.client.ahead_hits
+        clock, hits, shared_s = StepClock(), self.client.ahead_hits, self.share_seconds()
         reqs = self.step_requests(batch)
         done = decode_step(self.parts, reqs, lambda step: self.verify(batch, step, clock),
                            sampler_batch(batch.sampling_info), self.generator,
@@ -201,7 +201,7 @@ class DSparkWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.observe(batch, step, verdict.host, clock, hits)
+        self.observe(batch, step, verdict.host, clock, hits, self.share_seconds() - shared_s)
         return self.step_result(step, logits_output, verdict.rows, new_seq_lens)
 
     def verify(self, batch, step: DecodeStep, clock: StepClock) -> Verified:
@@ -226,7 +226,12 @@ class DSparkWorker(BaseSpecWorker):
             self.tracer.write([step_trace(req.rid, g, n, r)
                                for req, g, n, r in zip(batch.reqs, step.trees, step.drafted, results)])
 
-    def observe(self, batch, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int) -> None:
+    def share_seconds(self) -> float:
+        """Under TP, this rank's time in plan broadcasts so far (0.0 without TP)."""
+        return 0.0 if self.shared is None else self.shared.seconds
+
+    def observe(self, batch, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int,
+                share_s: float) -> None:
         """The step's cost to the verify budget (its online refit) and to the gate, its statistics to the metrics."""
         self.budget.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
         verified, taus, tail_s = step.rows.sizes.tolist(), accepted.accept_lens.tolist(), clock.since_verified()
@@ -235,7 +240,7 @@ class DSparkWorker(BaseSpecWorker):
             self.gate.observe(GatedStep([req.rid for req in batch.reqs], step.speculated, taus,
                                         [v - 1 for v in verified], clock.draft_s, tail_s, host_s))
         self.metrics.observe(StepStats(step.drafted, verified, taus, clock.draft_s, clock.verify_s, tail_s,
-                                       self.client.ahead_hits - hits, step.speculated))
+                                       self.client.ahead_hits - hits, step.speculated, share_s))
         self.last_decode_end = clock.clock()
         lookup, suffix = self.lookup, self.lookup and self.lookup.suffix
         self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,

@@ -8,6 +8,8 @@ ranks use both of CI's cores, so the module's servers run one at a time: the pla
 stops, then the DSPARK one starts. The reference is the session's plain `--tp-size 1` server (`plain_reference`).
 """
 
+import re
+
 import pytest
 import requests
 
@@ -55,6 +57,8 @@ def test_dspark_tp2_is_greedy_identical_to_plain_and_accepts_drafts(dspark_tp_se
     metas = [r["meta_info"] for r in replies]
     assert sum(m.get("spec_num_correct_drafts", 0) for m in metas) > 0, metas  # drafts were verified and accepted
     assert all(m["completion_tokens"] == GREEDY_128["max_new_tokens"] for m in metas)
+    shares = [float(ms) for ms in re.findall(r"DSpark decode: .* share_ms=([\d.]+)", dspark_tp_server.log_text())]
+    assert shares and max(shares) > 0, shares  # the plan's broadcast is timed in the step split
 
 
 def test_dspark_tp2_serves_seeded_sampling_logprobs_and_stops(dspark_tp_server, prompts):
