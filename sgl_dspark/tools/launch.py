@@ -199,7 +199,9 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
+def spawn(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
+    """Start the server's process and return at once (`start` also waits until it is healthy; a multi-node
+    rank other than 0 serves no requests, so it is spawned and its node 0 waited on)."""
     if port_in_use(spec.port):
         raise ServerError(f"port {spec.port} on {HOST} is in use: stop what holds it or pick another port")
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="sgl-dspark-server-"))
@@ -209,7 +211,11 @@ def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
     with log_path.open("w") as log:
         process = subprocess.Popen(spec.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=spec.cwd,
                                    start_new_session=True, preexec_fn=_die_with_parent)
-    server = RunningServer(spec, process, log_path)
+    return RunningServer(spec, process, log_path)
+
+
+def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
+    server = spawn(spec, log_dir)
     try:
         _wait_healthy(server)
     except BaseException:

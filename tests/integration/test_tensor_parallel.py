@@ -6,6 +6,7 @@ Plain SGLang 0.5.23 cannot start TP on a CPU by itself; the plugin's named patch
 turn PyNccl off for CPU groups (the all-reduce runs on gloo) and bind each rank to its share of the cores. The two
 ranks use both of CI's cores, so the module's servers run one at a time: the plain TP server answers first and
 stops, then the DSPARK one starts. The reference is the session's plain `--tp-size 1` server (`plain_reference`).
+Two nodes: test_multi_node.py.
 """
 
 import re
@@ -25,9 +26,9 @@ SUBSET = [0, 3, 7, 12, 16, 19]  # chat prompts (shared system prompt) and raw/co
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 32, "sampling_seed": 7}
 
 
-def greedy(server, prompts: list[str]) -> list[dict]:
+def greedy(server, prompts: list[str], subset: list[int] = SUBSET) -> list[dict]:
     warm_prefix_cache(server.base_url, prompts)
-    return generate_all(server.base_url, [prompts[i] for i in SUBSET], 3, **GREEDY_128)
+    return generate_all(server.base_url, [prompts[i] for i in subset], 3, **GREEDY_128)
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,4 @@ def test_dspark_tp2_serves_seeded_sampling_logprobs_and_stops(dspark_tp_server, 
     stop = text.split()[3]
     cut = generate(dspark_tp_server.base_url, prompts[16], temperature=0, max_new_tokens=128, stop=[stop])
     assert cut["meta_info"]["finish_reason"]["type"] == "stop" and stop not in cut["text"]
+
