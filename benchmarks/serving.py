@@ -340,7 +340,8 @@ def server_spec(args, config: str) -> ServerSpec:
     return ServerSpec(args.model_path, port=args.port or free_port(), dtype="float32",
                       max_total_tokens=args.max_total_tokens, max_running_requests=max(args.concurrency),
                       speculative_args=config_flags(config, args.drafter),
-                      extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)))
+                      extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval),
+                                  *args.server_args.split()))
 
 
 def run_config(args, config: str, repeat: int, prompt_files: dict[tuple[str, int], Path]) -> list[Cell]:
@@ -386,6 +387,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.tools.models.default_drafter)")
     p.add_argument("--model-path", default=None, help="target folder (default: the prepared default model)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
+    p.add_argument("--server-args", default="", help="more flags for every configuration's server, e.g. '--tp-size 2'")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--nice", type=int, default=10, help="niceness of this run and every server it starts")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
