@@ -31,6 +31,7 @@ class StepStats:
     drafted_ahead: int = 0  # requests whose draft was made ahead (during the previous step's tail)
     speculated: list[bool] | None = None  # per request: the gate let it draft (None: all did)
     share_s: float = 0.0  # under TP: this rank's time in the plan's broadcast (inside draft_s), 0 without TP
+    lookup_tokens: int = 0  # accepted tokens only the lookup proposed (the request's context or the suffix cache)
 
     @property
     def speculating(self) -> int:
@@ -208,6 +209,10 @@ class Series:
         self.request_steps = Counter(
             "sglang:dspark_request_steps", "DSPARK request decode steps, by whether the request drafted (the gate)",
             (*names, "speculated"), registry=registry)
+        self.lookup_tokens = Counter(
+            "sglang:dspark_lookup_accepted_tokens",
+            "DSPARK accepted tokens only the lookup proposed (the request's own context or the suffix cache)",
+            names, registry=registry).labels(**labels)
         self.steps = Counter(
             "sglang:dspark_steps", "DSPARK decode steps, by whether any request drafted (the gate)",
             (*names, "speculated"), registry=registry)
@@ -233,6 +238,7 @@ class Series:
         self.request_steps.labels(**self.labels, speculated="true").inc(s.speculating)
         self.request_steps.labels(**self.labels, speculated="false").inc(len(s.accepted) - s.speculating)
         self.steps.labels(**self.labels, speculated="true" if s.speculating else "false").inc()
+        self.lookup_tokens.inc(s.lookup_tokens)
 
 
 @dataclass
@@ -241,13 +247,13 @@ class WorkerMetrics:
     window: Totals = field(default_factory=Totals)
     draft_failures: int = 0
     failures_by_cause: dict[str, int] = field(default_factory=dict)
-    lookup_tokens: int = 0  # accepted tokens only the lookup branch proposed
     series: Series | None = None  # only with --enable-metrics
 
     @staticmethod
-    def create(log_interval: int, model_name: str | None) -> "WorkerMetrics":
-        """model_name labels DSpark's Prometheus series; None: no series (SGLang's metrics are off)."""
-        series = None if model_name is None else Series({"model_name": model_name})
+    def create(log_interval: int, labels: dict[str, str] | None) -> "WorkerMetrics":
+        """labels label DSpark's Prometheus series (the model's name, the DP replica's rank); None: no series
+        (SGLang's metrics are off, or a TP rank that does not plan)."""
+        series = None if labels is None else Series(labels)
         return WorkerMetrics(log_interval=log_interval, series=series)
 
     def observe(self, stats: StepStats) -> None:

@@ -149,13 +149,18 @@ def log_interval(server_args) -> int:
     return int(getattr(server_args, "decode_log_interval", 40) or 40)
 
 
-def worker_metrics(server_args) -> WorkerMetrics:
-    """The worker's counters and log line; DSpark's Prometheus series only with --enable-metrics, labelled with the
-    served model name as SGLang labels its own."""
-    name = None
-    if getattr(server_args, "enable_metrics", False):
-        name = str(getattr(server_args, "served_model_name", None) or server_args.model_path)
-    return WorkerMetrics.create(log_interval(server_args), name)
+def worker_metrics(server_args, plans: bool = True) -> WorkerMetrics:
+    """The worker's counters and log line; DSpark's Prometheus series only with --enable-metrics and on the rank that
+    plans (under TP the other ranks never draft), labelled as SGLang labels its own: the served model's name, and
+    the replica's rank under data parallelism (each replica's draft worker, lookup and suffix cache are its own)."""
+    labels = None
+    if getattr(server_args, "enable_metrics", False) and plans:
+        from sglang.srt.runtime_context import get_parallel
+
+        labels = {"model_name": str(getattr(server_args, "served_model_name", None) or server_args.model_path)}
+        if (dp_rank := get_parallel().dp_rank) is not None:
+            labels["dp_rank"] = str(dp_rank)
+    return WorkerMetrics.create(log_interval(server_args), labels)
 
 
 def build_setup(launch: DSparkLaunch, server_args, model_runner) -> WorkerSetup:

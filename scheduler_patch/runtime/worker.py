@@ -95,7 +95,7 @@ class DSparkWorker(BaseSpecWorker):
         plans = self.shared is None or self.shared.leader  # the other ranks keep no lookup state: they never draft
         self.lookup = None if self.launch.lookup is None or not plans else \
             lookup_registry(self.launch.lookup, self.setup.config.suffix_cache_tokens)
-        self.metrics = worker_metrics(server_args)
+        self.metrics = worker_metrics(server_args, plans)
         self.tracer = TraceWriter(self.setup.config.trace) if self.setup.config.trace else None
         self.generator = stream(int(server_args.random_seed or 0), VERIFY)  # the verifier's own stream
         self.vocab = int(self.model_runner.model_config.vocab_size)
@@ -196,12 +196,11 @@ class DSparkWorker(BaseSpecWorker):
         new_seq_lens = self.commit(batch, done)
         if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
             self.draft_ahead(reqs, new_seq_lens, verdict.host)
-        self.metrics.lookup_tokens += done.lookup_tokens
         self.trace(batch, step, verdict.results)
         logits_output.hidden_states = None
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self.observe(batch, step, verdict.host, clock, hits, self.share_seconds() - shared_s)
+        self.observe(batch, step, verdict.host, clock, hits, self.share_seconds() - shared_s, done.lookup_tokens)
         return self.step_result(step, logits_output, verdict.rows, new_seq_lens)
 
     def verify(self, batch, step: DecodeStep, clock: StepClock) -> Verified:
@@ -231,7 +230,7 @@ class DSparkWorker(BaseSpecWorker):
         return 0.0 if self.shared is None else self.shared.seconds
 
     def observe(self, batch, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int,
-                share_s: float) -> None:
+                share_s: float, lookup_tokens: int) -> None:
         """The step's cost to the verify budget (its online refit) and to the gate, its statistics to the metrics."""
         self.budget.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
         verified, taus, tail_s = step.rows.sizes.tolist(), accepted.accept_lens.tolist(), clock.since_verified()
@@ -240,7 +239,8 @@ class DSparkWorker(BaseSpecWorker):
             self.gate.observe(GatedStep([req.rid for req in batch.reqs], step.speculated, taus,
                                         [v - 1 for v in verified], clock.draft_s, tail_s, host_s))
         self.metrics.observe(StepStats(step.drafted, verified, taus, clock.draft_s, clock.verify_s, tail_s,
-                                       self.client.ahead_hits - hits, step.speculated, share_s))
+                                       self.client.ahead_hits - hits, step.speculated, share_s,
+                                       lookup_tokens))
         self.last_decode_end = clock.clock()
         lookup, suffix = self.lookup, self.lookup and self.lookup.suffix
         self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,

@@ -15,7 +15,7 @@ from sgl_dspark.observe import (RequestCounts, Series, StepClock, StepStats, Tot
 
 # Two steps of a 2-request batch: request 0 drafts 4/5, verifies 3/2 (rows 4/3), accepts 2/1;
 # request 1 drafts 2/0, verifies 2/0 (rows 3/1), accepts 3/1.
-STEPS = (StepStats([4, 2], [4, 3], [2, 3], 0.010, 0.030, 0.002),
+STEPS = (StepStats([4, 2], [4, 3], [2, 3], 0.010, 0.030, 0.002, lookup_tokens=3),
          StepStats([5, 0], [3, 1], [1, 1], 0.020, 0.050, 0.004, drafted_ahead=2, speculated=[True, False]))
 
 
@@ -184,6 +184,7 @@ def test_series_record_lengths_and_failures():
     assert value("sglang:dspark_request_steps_total", speculated="false") == 1
     assert value("sglang:dspark_steps_total", speculated="true") == 2
     assert value("sglang:dspark_steps_total", speculated="false") == 0
+    assert value("sglang:dspark_lookup_accepted_tokens_total") == 3
 
 
 def test_series_exist_only_with_a_model_name():
@@ -191,13 +192,19 @@ def test_series_exist_only_with_a_model_name():
     assert wm.series is None and wm.log_interval == 7
 
 
-@pytest.mark.parametrize("fields, interval, labels", [
-    ({"enable_metrics": False, "decode_log_interval": 7}, 7, None),
-    ({"enable_metrics": True, "decode_log_interval": None}, 40, {"model_name": "m"}),
-    ({"enable_metrics": True, "decode_log_interval": 5, "served_model_name": "served"}, 5, {"model_name": "served"}),
+@pytest.mark.parametrize("fields, interval, dp_rank, plans, labels", [
+    ({"enable_metrics": False, "decode_log_interval": 7}, 7, None, True, None),
+    ({"enable_metrics": True, "decode_log_interval": None}, 40, None, True, {"model_name": "m"}),
+    ({"enable_metrics": True, "decode_log_interval": 5, "served_model_name": "served"}, 5, None, True,
+     {"model_name": "served"}),
+    ({"enable_metrics": True, "decode_log_interval": 5}, 5, 1, True, {"model_name": "m", "dp_rank": "1"}),
+    ({"enable_metrics": True, "decode_log_interval": 5}, 5, None, False, None),  # a TP rank that does not plan
 ])
-def test_the_worker_reads_its_metrics_settings_from_sglangs_server_args(fields, interval, labels):
-    wm = worker_metrics(SimpleNamespace(model_path="m", **fields))
+def test_the_worker_reads_its_metrics_settings_from_sglangs_server_args(fields, interval, dp_rank, plans, labels):
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(dp_rank=dp_rank):  # the DP replica's rank, as SGLang's controller stamps it
+        wm = worker_metrics(SimpleNamespace(model_path="m", **fields), plans)
     assert wm.log_interval == interval and (None if wm.series is None else wm.series.labels) == labels
 
 
