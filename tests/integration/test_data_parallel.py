@@ -10,12 +10,12 @@ The two replicas each take one of CI's two cores.
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import GREEDY_128, dspark_spec, generate_all, warm_prefix_cache
 from sgl_dspark.tools.launch import serving
 from sgl_dspark.tools.models import SHIPPED_DRAFTER
 from test_dspark_lossless import mismatches
+from test_dspark_observability import metric_samples
 
 pytestmark = pytest.mark.integration
 
@@ -26,8 +26,7 @@ METRICS = ("--enable-metrics",)
 
 def series(base_url: str, sample: str) -> dict[str, float]:
     """One sample of DSPARK's series on /metrics, per replica: {dp_rank ("" without DP): value}."""
-    text = requests.get(f"{base_url}/metrics", timeout=30).text
-    return {s.labels.get("dp_rank", ""): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    return {s.labels.get("dp_rank", ""): s.value for samples in metric_samples(base_url).values() for s in samples
             if s.name == sample}
 
 
