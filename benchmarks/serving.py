@@ -20,8 +20,9 @@ import sys
 import threading
 import time
 import warnings
-from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from unittest.mock import patch
 
@@ -36,7 +37,8 @@ from benchmarks.serving_report import (BASELINE, Cell, Measurement, accept_lengt
                                        prometheus_totals, render_table, speculated_share, splice_readme,
                                        step_breakdown, summarize, summary_json, with_rest_of_step)
 from scheduler_patch.backends import TORCH_BACKEND
-from sgl_dspark.tools.launch import RunningServer, ServerSpec, free_port, has_cuda, serving
+from sgl_dspark.tools.launch import (RunningServer, ServerSpec, free_port, has_cuda, routing, serving,
+                                     serving_two_nodes)
 from sgl_dspark.tools.models import default_drafter, prepare
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
@@ -44,6 +46,7 @@ SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the P
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
 CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget", "dspark-process",
            "dspark-suffix")
+TOPOLOGIES = ("one", "nodes", "router")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
 
@@ -229,16 +232,20 @@ def tree_rss_bytes(pid: int) -> int:
 
 
 class PeakRss:
-    """Samples the server's process-tree RSS in a thread; `.peak` is the largest sum seen."""
+    """Samples the servers' process-tree RSS in a thread; `.peak` is the largest sum seen (all trees together)."""
 
-    def __init__(self, pid: int, interval_s: float = 0.5):
-        self.pid, self.interval_s, self.peak = pid, interval_s, tree_rss_bytes(pid)
+    def __init__(self, pids: tuple[int, ...], interval_s: float = 0.5):
+        self.pids, self.interval_s = pids, interval_s
+        self.peak = self.total()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def total(self) -> int:
+        return sum(map(tree_rss_bytes, self.pids))
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            self.peak = max(self.peak, self.total())
 
     def __enter__(self) -> "PeakRss":
         self._thread.start()
@@ -263,8 +270,42 @@ def server_facts(base_url: str, config: str) -> ServerFacts:
     return ServerFacts(None)
 
 
-def scrape(base_url: str) -> dict[str, float]:
-    return prometheus_totals(requests.get(f"{base_url}/metrics", timeout=30).text)
+@dataclass(frozen=True)
+class Deployment:
+    """What one configuration serves from: the URL the client sends to (a server, or the router in front of
+    several), the servers whose /metrics and logs a cell reads, and the processes whose trees' RSS it sums (a node
+    that serves no HTTP is only counted)."""
+
+    url: str
+    metered: tuple[RunningServer, ...]
+    pids: tuple[int, ...]
+
+
+@contextmanager
+def deployment(args, config: str, log_dir: Path) -> Iterator[Deployment]:
+    """The configuration's server(s) in --topology: `one` server (its flags may set --tp-size or --dp-size), two
+    `nodes` of one --tp-size 2 deployment on this machine, or two servers behind the `router` (cache-aware)."""
+    spec = server_spec(args, config)
+    if args.topology == "nodes":
+        tp2 = replace(spec, extra_args=(*spec.extra_args, "--tp-size", "2"))
+        with serving_two_nodes(tp2, log_dir) as (node0, node1):
+            yield Deployment(node0.base_url, (node0,), (node0.process.pid, node1.process.pid))
+    elif args.topology == "router":
+        with serving(spec, log_dir / "a") as a, serving(replace(spec, port=free_port()), log_dir / "b") as b:
+            with routing([a.base_url, b.base_url], log_dir / "router.log") as url:
+                yield Deployment(url, (a, b), (a.process.pid, b.process.pid))
+    else:
+        with serving(spec, log_dir) as server:
+            yield Deployment(server.base_url, (server,), (server.process.pid,))
+
+
+def scrape(servers: tuple[RunningServer, ...]) -> dict[str, float]:
+    """Prometheus totals summed over the servers."""
+    totals: dict[str, float] = {}
+    for server in servers:
+        for name, value in prometheus_totals(requests.get(f"{server.base_url}/metrics", timeout=30).text).items():
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
 
 
 def bench_args(args: argparse.Namespace, base_url: str, prompts: Path, concurrency: int, out: Path,
@@ -315,18 +356,20 @@ def measurement(result: dict, before: dict, after: dict, facts: ServerFacts, log
         speculated=speculated_share(lines))
 
 
-def measure_cell(args, server: RunningServer, facts: ServerFacts, prompts: Path, concurrency: int,
+def measure_cell(args, served: Deployment, facts: ServerFacts, prompts: Path, concurrency: int,
                  tag: str, rendered: bool = False) -> Measurement:
-    log_start = server.log_path.stat().st_size
-    before = scrape(server.base_url)
-    argv = bench_args(args, server.base_url, prompts, concurrency, args.work_dir / f"{tag}.jsonl", rendered)
-    with PeakRss(server.process.pid) as rss:
+    log_starts = [server.log_path.stat().st_size for server in served.metered]
+    before = scrape(served.metered)
+    argv = bench_args(args, served.url, prompts, concurrency, args.work_dir / f"{tag}.jsonl", rendered)
+    with PeakRss(served.pids) as rss:
         result = run_client(argv, args.work_dir / f"{tag}.client.log")
     time.sleep(0.5)  # let the last request's counters reach /metrics
-    after = scrape(server.base_url)
-    with server.log_path.open("rb") as fh:
-        fh.seek(log_start)
-        log_part = fh.read().decode(errors="replace")
+    after = scrape(served.metered)
+    log_part = ""
+    for server, start in zip(served.metered, log_starts):
+        with server.log_path.open("rb") as fh:
+            fh.seek(start)
+            log_part += fh.read().decode(errors="replace")
     return measurement(result, before, after, facts, log_part, rss.peak)
 
 
@@ -347,12 +390,12 @@ def server_spec(args, config: str) -> ServerSpec:
 def run_config(args, config: str, repeat: int, prompt_files: dict[tuple[str, int], Path]) -> list[Cell]:
     cells = []
     log_dir = args.work_dir / f"server-{config}-r{repeat}"
-    with serving(server_spec(args, config), log_dir) as server:
-        warm_up(server.base_url)
-        facts = server_facts(server.base_url, config)
+    with deployment(args, config, log_dir) as served:
+        warm_up(served.url)
+        facts = server_facts(served.metered[0].base_url, config)
         for (dataset, conc), prompts in prompt_files.items():
             tag = f"{config}-{dataset}-c{conc}-r{repeat}"
-            m = measure_cell(args, server, facts, prompts, conc, tag, dataset in RENDERED)
+            m = measure_cell(args, served, facts, prompts, conc, tag, dataset in RENDERED)
             print(f"  {tag}: user {m.per_user_tps:.1f} tok/s, total {m.output_throughput:.1f} tok/s, accept "
                   f"{m.accept_length or 0:.2f}, verify {m.verify_length or 0:.2f}, rss {m.server_rss_mb:.0f} MB",
                   flush=True)
@@ -388,6 +431,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-path", default=None, help="target folder (default: the prepared default model)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
     p.add_argument("--server-args", default="", help="more flags for every configuration's server, e.g. '--tp-size 2'")
+    p.add_argument("--topology", choices=TOPOLOGIES, default="one",
+                   help="one server; two `nodes` of one --tp-size 2 deployment on loopback; two servers behind the "
+                        "sglang `router` (cache-aware)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--nice", type=int, default=10, help="niceness of this run and every server it starts")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))

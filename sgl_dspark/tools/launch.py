@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +232,56 @@ def serving(spec: ServerSpec, log_dir: Path | None = None) -> Iterator[RunningSe
         yield server
     finally:
         stop(server)
+
+
+@contextmanager
+def serving_two_nodes(spec: ServerSpec, log_dir: Path) -> Iterator[tuple[RunningServer, RunningServer]]:
+    """`spec` (its flags set the TP size, e.g. `--tp-size 2`) as node 0 and node 1 of `--nnodes 2` on this machine:
+    a loopback `--dist-init-addr`, node 1 a second process with its own port (SGLang starts a dummy health server
+    there) bound to its own core (each node's only rank sees gpu_id 0). Yields (node 0, node 1) once node 0
+    serves; node 1 serves no requests and is stopped with it."""
+    init = f"{HOST}:{free_port()}"
+    nodes = [replace(spec, port=spec.port if rank == 0 else free_port(),
+                     extra_args=(*spec.extra_args, "--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr",
+                                 init),
+                     env={**spec.env, "SGLANG_CPU_OMP_THREADS_BIND": str(rank)}) for rank in (0, 1)]
+    node1 = spawn(nodes[1], log_dir)
+    try:
+        with serving(nodes[0], log_dir) as node0:
+            yield node0, node1
+    finally:
+        stop(node1)
+
+
+@contextmanager
+def routing(workers: list[str], log_path: Path, policy: str = "cache_aware") -> Iterator[str]:
+    """`sglang-router` (the PyPI package) in front of the `workers` URLs with `policy`; its own /metrics on a free
+    port (its fixed default would collide with a second router). Yields its URL once it answers a one-token request
+    (its /health can answer before the workers are registered); always stopped."""
+    port, metrics_port = free_port(), free_port()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", HOST,
+                                    "--port", str(port), "--prometheus-host", HOST, "--prometheus-port",
+                                    str(metrics_port), "--policy", policy, "--worker-urls", *workers],
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=_die_with_parent)
+    url = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ServerError(f"sglang-router did not start: {_last_error_line(Path(log_path).read_text())} "
+                                  f"(log: {log_path})")
+            time.sleep(1.0)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        body = {"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
+        return requests.post(f"{url}/generate", json=body, timeout=60).status_code == 200
+    except requests.RequestException:
+        return False

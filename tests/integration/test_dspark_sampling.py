@@ -1,8 +1,8 @@
 """DSPARK's sampled output is distributed as the plain server's: chi-square two-sample tests of the tokens after
 the first (those come from verification) at temperature 1, at temperature 0.7 with top-p 0.9, under a regex
-with a logit bias and with frequency / presence / repetition penalties, for chain
-drafting (default preset), tree drafting (preset tree) and context lookup (lookup on), with a drafter that
-disagrees with the target, so that rejections and residual draws are frequent.
+with a logit bias and with frequency / presence / repetition penalties, for chain drafting (default preset), tree
+drafting (preset tree), context lookup (lookup on) and the tree under tensor parallelism (`--tp-size 2`, issue
+31), with a drafter that disagrees with the target, so that rejections and residual draws are frequent.
 
 The drafter (`disagreeing_drafter_path`) is a bigram model of the plain server's own samples, sharpened: after
 token a it drafts a's most frequent successor with probability ~0.85 and the other successors seen with the rest,
@@ -12,7 +12,8 @@ successor about one half), so about half of the verified drafts are rejected at 
 (measured shares at RESULTS). Building it from the reference samples does not make the test circular: if
 verification is exact, DSPARK's output distribution does not depend on the drafter at all.
 
-Servers start one after another (module-scoped, one per configuration); the plain reference is session-wide.
+Servers start one after another (module-scoped, one per configuration; the TP one's two ranks take both of CI's
+cores, the others are idle by then); the plain reference is session-wide.
 """
 
 import math
@@ -53,9 +54,13 @@ MIN_VERIFY = ("--speculative-dspark-min-verify", "1")
 # are mostly the same token (" "), folded into one node after selection, so with two only one node was verified
 # in 92% of the steps and CI saw no lookup-only token accepted; with four the chain's second and third nodes
 # (lookup-only) hang below it.
+# tp2: the tree on two tensor-parallel ranks (issue 31): rank 0 plans each step and broadcasts it, every rank
+# draws the same coins from its own verifier stream (seeded alike) and accepts alike; a rank whose coins differed
+# would keep other tokens in its KV and the all-reduced forwards would no longer be the target's.
 CONFIGS = {"chain": MIN_VERIFY, "tree": ("--speculative-dspark-preset", "tree", *MIN_VERIFY),
            "lookup": ("--speculative-dspark-lookup", "true", "--speculative-dspark-max-window", "1",
-                      "--speculative-dspark-min-verify", "4")}
+                      "--speculative-dspark-min-verify", "4"),
+           "tp2": ("--tp-size", "2", "--speculative-dspark-preset", "tree", *MIN_VERIFY)}
 SAMPLES = 300
 CONCURRENCY = 16  # DSPARK's requests in flight (and its max running requests): verify batches of up to 16
 P_FLOOR = 1e-3

@@ -10,7 +10,7 @@ have stopped).
 import pytest
 
 from conftest import dspark_spec
-from sgl_dspark.tools.launch import free_port, serving, spawn, stop
+from sgl_dspark.tools.launch import serving_two_nodes
 from sgl_dspark.tools.models import SHIPPED_DRAFTER
 from test_dspark_lossless import mismatches
 from test_tensor_parallel import SUBSET, TP, greedy
@@ -22,18 +22,9 @@ NODES = SUBSET[:3]
 
 @pytest.fixture(scope="module")
 def two_node_replies(default_model_path, prompts, plain_reference, tmp_path_factory) -> list[dict]:
-    init = f"127.0.0.1:{free_port()}"
-    nodes = [dspark_spec(default_model_path, str(SHIPPED_DRAFTER), *TP, "--nnodes", "2", "--node-rank", str(rank),
-                         "--dist-init-addr", init, gate=True) for rank in (0, 1)]
-    for rank, spec in enumerate(nodes):
-        spec.env["SGLANG_CPU_OMP_THREADS_BIND"] = str(rank)
-    log_dir = tmp_path_factory.mktemp("dspark-two-nodes")
-    node1 = spawn(nodes[1], log_dir)
-    try:
-        with serving(nodes[0], log_dir) as server:
-            return greedy(server, prompts, NODES)
-    finally:
-        stop(node1)
+    spec = dspark_spec(default_model_path, str(SHIPPED_DRAFTER), *TP, gate=True)
+    with serving_two_nodes(spec, tmp_path_factory.mktemp("dspark-two-nodes")) as (node0, _):
+        return greedy(node0, prompts, NODES)
 
 
 def test_dspark_on_two_nodes_is_greedy_identical_to_plain(two_node_replies, plain_reference):

@@ -7,16 +7,10 @@ The two servers each take one of CI's two cores; the module runs alone (test_dat
 stopped).
 """
 
-import subprocess
-import sys
-import time
-from contextlib import contextmanager
-
 import pytest
-import requests
 
 from conftest import dspark_spec, generate
-from sgl_dspark.tools.launch import HOST, free_port, serving
+from sgl_dspark.tools.launch import routing, serving
 from sgl_dspark.tools.models import SHIPPED_DRAFTER
 from test_data_parallel import series
 
@@ -29,38 +23,6 @@ CONVERSATIONS = [["Write a Python function that tells whether a number is prime.
                   "Once more, the same poem, unchanged."]]
 
 
-@contextmanager
-def router(workers: list[str], log_path):
-    """sglang-router in front of `workers` with cache-aware routing (its own /metrics on a free port, not the fixed
-    default); yields its URL once it serves."""
-    port, metrics_port = free_port(), free_port()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", HOST,
-                                    "--port", str(port), "--prometheus-host", HOST, "--prometheus-port",
-                                    str(metrics_port), "--policy", "cache_aware", "--worker-urls", *workers],
-                                   stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://{HOST}:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not healthy(url):
-            assert process.poll() is None and time.monotonic() < deadline, \
-                f"the router did not start: {log_path.read_text()[-2000:]}"
-            time.sleep(1.0)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def healthy(url: str) -> bool:
-    """The router answers a one-token request (its /health can answer before the workers are registered)."""
-    try:
-        body = {"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
-        return requests.post(f"{url}/generate", json=body, timeout=60).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 @pytest.fixture(scope="module")
 def routed(default_model_path, plain_server, tmp_path_factory):
     """Two DSPARK servers as a user starts them (shipped drafter, recommended knobs, the gate on), /metrics, behind
@@ -68,7 +30,7 @@ def routed(default_model_path, plain_server, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("dspark-routed")
     specs = [dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--enable-metrics", gate=True) for _ in range(2)]
     with serving(specs[0], log_dir / "a") as a, serving(specs[1], log_dir / "b") as b:
-        with router([a.base_url, b.base_url], log_dir / "router.log") as url:
+        with routing([a.base_url, b.base_url], log_dir / "router.log") as url:
             yield url, (a, b)
 
 
