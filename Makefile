@@ -48,8 +48,17 @@ demo: install
 lint: install
 	$(PY) -m ruff check .
 
+# The unit tests (no server; one core at a time but for the served-law test) run beside the integration tests, whose
+# servers leave the second core mostly idle; their report follows the integration one. The default model is prepared
+# first so that the two runs never convert it at once.
+UNIT_LOG := $(VENV)/unit-tests.log
 test: lint
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m sgl_dspark.tools.models prepare > /dev/null
+	( $(PY) -m pytest -q -p no:cacheprovider --basetemp=$${TMPDIR:-/tmp}/sgl-dspark-unit-tests --durations=10 \
+		tests/unit > $(UNIT_LOG) 2>&1; echo $$? > $(UNIT_LOG).rc ) & \
+	$(PY) -m pytest -q --durations=30 tests/integration tests/gpu; rc=$$?; wait; \
+	echo "--- unit tests (run beside the integration tests above) ---"; cat $(UNIT_LOG); \
+	unit_rc=$$(cat $(UNIT_LOG).rc); echo "integration exit $$rc, unit exit $$unit_rc"; [ $$rc -eq 0 ] && [ $$unit_rc -eq 0 ]
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit

@@ -22,6 +22,10 @@ import requests
 
 HOST = "127.0.0.1"
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+# Defaults for a server started here (the caller's environment wins): `stop` ends the whole process group, so
+# SGLang's parent sees its scheduler die and runs its crash path, which sleeps 5 s before a py-spy dump of the
+# schedulers; a deliberate stop needs no dump (and py-spy is not installed by `make install`).
+SERVER_ENV_DEFAULTS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "false"}
 
 
 class ServerError(RuntimeError):
@@ -207,7 +211,7 @@ def spawn(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="sgl-dspark-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{spec.port}.log"
-    env = {**os.environ, **({} if has_cuda() else CPU_ENV), **spec.env}
+    env = {**SERVER_ENV_DEFAULTS, **os.environ, **({} if has_cuda() else CPU_ENV), **spec.env}
     with log_path.open("w") as log:
         process = subprocess.Popen(spec.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=spec.cwd,
                                    start_new_session=True, preexec_fn=_die_with_parent)

@@ -61,6 +61,9 @@ CONFIGS = {"chain": MIN_VERIFY, "tree": ("--speculative-dspark-preset", "tree", 
            "lookup": ("--speculative-dspark-lookup", "true", "--speculative-dspark-max-window", "1",
                       "--speculative-dspark-min-verify", "4"),
            "tp2": ("--tp-size", "2", "--speculative-dspark-preset", "tree", *MIN_VERIFY)}
+# What the TP configuration is asked (its constraint and penalty rows are built by the same code on every rank, and
+# checked above without TP): the two unconstrained settings, keeping the module's time within CI's budget.
+TP_SETTINGS = ("t1", "t0.7-top_p0.9")
 SAMPLES = 300
 CONCURRENCY = 16  # DSPARK's requests in flight (and its max running requests): verify batches of up to 16
 P_FLOOR = 1e-3
@@ -147,6 +150,8 @@ def rejected_share(replies: list[dict]) -> float:
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_sampled_output_is_distributed_as_plain(sampling_server, setting, plain_samples):
     name, server, trace = sampling_server
+    if name == "tp2" and setting not in TP_SETTINGS:
+        pytest.skip("the TP configuration draws the unconstrained settings only")
     replies = draw(server, PROMPT, SAMPLES, SETTINGS[setting], CONCURRENCY)
     table = contingency(after_first(plain_samples[setting]), after_first(replies))
     share = rejected_share(replies)

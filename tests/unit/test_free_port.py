@@ -1,7 +1,11 @@
 """Ports for the servers this project starts: free, and outside the range the kernel gives outgoing connections."""
 
 import socket
+import sys
 
+import pytest
+
+from sgl_dspark.tools import launch
 from sgl_dspark.tools.launch import HOST, ephemeral_start, free_port, free_port_run, port_in_use
 
 
@@ -20,3 +24,18 @@ def test_a_run_of_ports_is_free_and_the_range_file_falls_back(tmp_path):
     (tmp_path / "range").write_text("40000\t60999\n")
     assert ephemeral_start(tmp_path / "range") == 40000
     assert ephemeral_start(tmp_path / "missing") == 32768
+
+
+@pytest.mark.parametrize("outer, seen", [(None, "false"), ("true", "true")])
+def test_a_spawned_server_skips_sglangs_crash_dump_sleep_unless_the_caller_asks(tmp_path, monkeypatch, outer, seen):
+    """`stop` ends the process group, which SGLang's parent takes for a crash: without the default its crash path
+    sleeps 5 s before a py-spy dump (every server stop in CI paid it). A value in the caller's environment wins."""
+    if outer is None:
+        monkeypatch.delenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", outer)
+    script = "import os; print(os.environ['SGLANG_PYSPY_DUMP_BEFORE_CRASH'])"
+    monkeypatch.setattr(launch.ServerSpec, "command", lambda self: [sys.executable, "-c", script])
+    server = launch.spawn(launch.ServerSpec("m", port=free_port()), tmp_path)
+    assert server.process.wait(timeout=60) == 0
+    assert server.log_text().strip() == seen
