@@ -11,6 +11,14 @@ import requests
 from sgl_dspark.tools.launch import ServerSpec, free_port, serving
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "prompts.json"
+# Modules whose servers keep both of CI's cores busy (two ranks, two replicas, two servers): run last, once
+# `make test`'s unit tests, which run beside the integration tests, have finished.
+BOTH_CORES = ("test_data_parallel.py", "test_multi_node.py", "test_router.py", "test_tensor_parallel.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The BOTH_CORES modules moved to the end, whole and in their order (a stable sort)."""
+    items.sort(key=lambda item: item.path.name in BOTH_CORES)
 
 
 @pytest.fixture(scope="session")
