@@ -168,7 +168,8 @@ def module_file(module: str) -> Path | None:
 
 
 def flag_problems(program: str, source: Path | None, args: list[str]) -> list[str]:
-    flags = [a.split("=", 1)[0] for a in args if a.startswith("--") and len(a) > 2]
+    # A quoted value with a space (`--server-args '--tp-size 2'`) is an argument, not a flag.
+    flags = [a.split("=", 1)[0] for a in args if a.startswith("--") and len(a) > 2 and " " not in a]
     if program == "sglang.launch_server":
         return [f"{program}: unknown flag {f}" for f in flags if f not in server_flags()]
     text = source.read_text() if source is not None else ""
