@@ -23,9 +23,10 @@ import requests
 HOST = "127.0.0.1"
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
 # Defaults for a server started here (the caller's environment wins): `stop` ends the whole process group, so
-# SGLang's parent sees its scheduler die and runs its crash path, which sleeps 5 s before a py-spy dump of the
-# schedulers; a deliberate stop needs no dump (and py-spy is not installed by `make install`).
-SERVER_ENV_DEFAULTS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "false"}
+# SGLang's parent sees its scheduler die and runs its crash path, which sleeps 5 s when either diagnostic is on (a
+# py-spy dump of the schedulers, a CUDA core dump; both default on); a deliberate stop needs neither (and py-spy is
+# not installed by `make install`).
+SERVER_ENV_DEFAULTS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "false", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "false"}
 
 
 class ServerError(RuntimeError):

@@ -26,15 +26,22 @@ def test_a_run_of_ports_is_free_and_the_range_file_falls_back(tmp_path):
     assert ephemeral_start(tmp_path / "missing") == 32768
 
 
-@pytest.mark.parametrize("outer, seen", [(None, "false"), ("true", "true")])
+# SGLang's crash path sleeps 5 s before its diagnostics when either of these reads true (tokenizer_manager).
+CRASH_DIAGNOSTICS = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
+
+
+@pytest.mark.parametrize("outer, seen", [(None, "False"), ("true", "True")])
 def test_a_spawned_server_skips_sglangs_crash_dump_sleep_unless_the_caller_asks(tmp_path, monkeypatch, outer, seen):
-    """`stop` ends the process group, which SGLang's parent takes for a crash: without the default its crash path
-    sleeps 5 s before a py-spy dump (every server stop in CI paid it). A value in the caller's environment wins."""
-    if outer is None:
-        monkeypatch.delenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", outer)
-    script = "import os; print(os.environ['SGLANG_PYSPY_DUMP_BEFORE_CRASH'])"
+    """`stop` ends the process group, which SGLang's parent takes for a crash: without the defaults its crash path
+    sleeps 5 s before a py-spy dump and a CUDA core dump (every server stop in CI paid it). Read as SGLang reads
+    them, in the spawned process; a value in the caller's environment wins."""
+    for name in CRASH_DIAGNOSTICS:
+        if outer is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, outer)
+    script = ("from sglang.srt.environ import envs; "
+              f"print(any(getattr(envs, n).get() for n in {CRASH_DIAGNOSTICS!r}))")
     monkeypatch.setattr(launch.ServerSpec, "command", lambda self: [sys.executable, "-c", script])
     server = launch.spawn(launch.ServerSpec("m", port=free_port()), tmp_path)
     assert server.process.wait(timeout=60) == 0
