@@ -38,7 +38,7 @@ from benchmarks.serving_report import (BASELINE, Cell, Measurement, accept_lengt
                                        step_breakdown, summarize, summary_json, with_rest_of_step)
 from scheduler_patch.backends import TORCH_BACKEND
 from sgl_dspark.tools.launch import (RunningServer, ServerSpec, free_port, has_cuda, routing, serving,
-                                     serving_two_nodes)
+                                     serving_together, serving_two_nodes)
 from sgl_dspark.tools.models import default_drafter, prepare
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
@@ -291,7 +291,7 @@ def deployment(args, config: str, log_dir: Path) -> Iterator[Deployment]:
         with serving_two_nodes(tp2, log_dir) as (node0, node1):
             yield Deployment(node0.base_url, (node0,), (node0.process.pid, node1.process.pid))
     elif args.topology == "router":
-        with serving(spec, log_dir / "a") as a, serving(replace(spec, port=free_port()), log_dir / "b") as b:
+        with serving_together([(spec, log_dir / "a"), (replace(spec, port=free_port()), log_dir / "b")]) as (a, b):
             with routing([a.base_url, b.base_url], log_dir / "router.log") as url:
                 yield Deployment(url, (a, b), (a.process.pid, b.process.pid))
     else:

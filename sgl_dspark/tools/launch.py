@@ -240,6 +240,74 @@ def serving(spec: ServerSpec, log_dir: Path | None = None) -> Iterator[RunningSe
 
 
 @contextmanager
+def serving_together(jobs: list[tuple[ServerSpec, Path]]) -> Iterator[list[RunningServer]]:
+    """Several servers (spec, log directory) started at once, yielded once all are healthy, always all stopped."""
+    servers: list[RunningServer] = []
+    try:
+        for spec, log_dir in jobs:
+            servers.append(spawn(spec, log_dir))
+        for server in servers:
+            _wait_healthy(server)
+        yield servers
+    finally:
+        for server in servers:
+            stop(server)
+
+
+class ServerRelay:
+    """Servers used one after another, each started while the one before it is in use: a start is mostly Python
+    imports and set-up on a core the running server leaves idle (~30 s of CI time each). `jobs`: name -> (spec, log
+    directory), in the order they will be asked for; a name asked out of order is started then (the server started
+    ahead for another name is stopped). At most two servers run at once."""
+
+    def __init__(self, jobs: dict[str, tuple[ServerSpec, Path]]):
+        self._jobs = jobs
+        self._order = list(jobs)
+        self._ahead: tuple[str, RunningServer] | None = None
+
+    @contextmanager
+    def serving(self, name: str) -> Iterator[RunningServer]:
+        """The server of `name`, healthy; the next name's is started before this one is yielded; always stopped."""
+        server = self._take(name)
+        try:
+            _wait_healthy(server)
+        except BaseException:
+            stop(server)
+            raise
+        following = self._order.index(name) + 1
+        if following < len(self._order):
+            self._ahead = (self._order[following], spawn(*self._jobs[self._order[following]]))
+        try:
+            yield server
+        finally:
+            stop(server)
+
+    def _take(self, name: str) -> RunningServer:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == name:
+                return ahead[1]
+            stop(ahead[1])
+        return spawn(*self._jobs[name])
+
+    def close(self) -> None:
+        """Stop the server started ahead, if one is left."""
+        if self._ahead is not None:
+            stop(self._ahead[1])
+            self._ahead = None
+
+
+@contextmanager
+def relay(jobs: dict[str, tuple[ServerSpec, Path]]) -> Iterator[ServerRelay]:
+    """A `ServerRelay` over `jobs`, whose server started ahead is always stopped."""
+    servers = ServerRelay(jobs)
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@contextmanager
 def serving_two_nodes(spec: ServerSpec, log_dir: Path) -> Iterator[tuple[RunningServer, RunningServer]]:
     """`spec` (its flags set the TP size, e.g. `--tp-size 2`) as node 0 and node 1 of `--nnodes 2` on this machine:
     a loopback `--dist-init-addr`, node 1 a second process with its own port (SGLang starts a dummy health server

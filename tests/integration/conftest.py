@@ -65,7 +65,7 @@ def dspark_spec(model_path: str, drafter_path: str, *flags: str, max_running_req
 
 @pytest.fixture(scope="module")
 def dspark_server(default_model_path, random_drafter_path, tmp_path_factory):
-    """DSPARK with the random drafter, chain drafting, default preset. Module-scoped, as `tree_server`: a server
+    """DSPARK with the random drafter, chain drafting, default preset. Module-scoped: a server
     holds ~4 GB, and the session-wide ones (plain, chain) plus a module's own must fit CI's 24 GB."""
     with serving(dspark_spec(default_model_path, random_drafter_path), tmp_path_factory.mktemp("dspark")) as server:
         yield server
@@ -141,14 +141,6 @@ def chain_server(default_model_path, bigram_drafter_path, tmp_path_factory):
     the tests on this server are about what verified blocks do (cut at stops, caps and EOS, logprobs, seeds)."""
     spec = dspark_spec(default_model_path, bigram_drafter_path, "--speculative-dspark-min-verify", "1")
     with serving(spec, tmp_path_factory.mktemp("dspark-chain")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def tree_server(default_model_path, bigram_drafter_path, tmp_path_factory):
-    """DSPARK with tree drafting (preset tree) and the bigram drafter (multi-token blocks are accepted)."""
-    spec = dspark_spec(default_model_path, bigram_drafter_path, "--speculative-dspark-preset", "tree")
-    with serving(spec, tmp_path_factory.mktemp("dspark-tree")) as server:
         yield server
 
 

@@ -7,7 +7,8 @@ tree preset (or the default chain), the gate on/off and the draft process on/off
 servers whose switches are complementary (one server has each switch on, the other off), so every edge value
 meets both settings of every switch; the three pairs' switch patterns (0000, 0011, 0101 and their complements)
 also cover every pair of switch settings (`test_the_matrix_crosses_every_knob_set_with_both_settings_of_each_
-switch`). Several knobs share a server: a server start costs ~30 s of CI time, a request ~1 s.
+switch`). Several knobs share a server: a server start costs ~30 s of CI time, a request ~1 s; each server
+starts while the one before it is tested.
 
 - small: the narrowest drafting (max-window 1, min-window 0, survival-threshold 1, max-verify 1, lookup 1 node of
   1 token on 1 chain, budget off, gate-margin 0, cost-refit-alpha 1, cpu-gemm native, draft-dtype float32,
@@ -36,7 +37,7 @@ import pytest
 import requests
 
 from conftest import dspark_spec, generate
-from sgl_dspark.tools.launch import serving
+from sgl_dspark.tools.launch import relay
 from sgl_dspark.tools.models import SHIPPED_DRAFTER
 from test_dspark_lossless import mismatches
 from test_dspark_startup import refusal
@@ -132,13 +133,25 @@ def ask(base_url: str, prompts: list[str]) -> tuple[list[dict], dict]:
         return [g.result() for g in greedy], sampled.result()
 
 
+@pytest.fixture(scope="module")
+def cell_servers(default_model_path, bigram_drafter_path, tmp_path_factory):
+    """The cells' servers in turn, each started while the one before it is tested; each cell's directory (its
+    server log, the files its knobs name) holds the flat cost table."""
+    jobs = {}
+    for cell in CELLS:
+        tmp = tmp_path_factory.mktemp(cell.name)
+        (tmp / "flat-cost.json").write_text(json.dumps(FLAT_COST_TABLE))
+        drafter = str(SHIPPED_DRAFTER) if cell.drafter == "shipped" else bigram_drafter_path
+        jobs[cell.name] = (dspark_spec(default_model_path, drafter, *cell.flags(tmp), gate=cell.gate,
+                                       draft_process=cell.process), tmp)
+    with relay(jobs) as servers:
+        yield servers
+
+
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.name)
-def test_every_knob_combination_serves_greedy_as_plain(request, default_model_path, prompts, plain_reference,
-                                                       tmp_path, cell):
-    (tmp_path / "flat-cost.json").write_text(json.dumps(FLAT_COST_TABLE))
-    drafter = str(SHIPPED_DRAFTER) if cell.drafter == "shipped" else request.getfixturevalue("bigram_drafter_path")
-    spec = dspark_spec(default_model_path, drafter, *cell.flags(tmp_path), gate=cell.gate, draft_process=cell.process)
-    with serving(spec, tmp_path) as server:
+def test_every_knob_combination_serves_greedy_as_plain(cell_servers, prompts, plain_reference, cell):
+    with cell_servers.serving(cell.name) as server:
+        tmp_path = server.log_path.parent
         greedy, sampled = ask(server.base_url, prompts)
         assert server.process.poll() is None
         assert requests.get(f"{server.base_url}/health", timeout=30).status_code == 200

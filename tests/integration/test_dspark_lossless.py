@@ -4,19 +4,20 @@
 
 Two DSPARK servers, both with the bigram drafter (conftest: about a third of the drafts are accepted, so every
 step mixes accepted drafts, KV commits of accepted paths, rejections and bonus tokens): `chain_server` (the
-default, chain drafting) and `tree_server` (preset tree: side branches where the drafter is unsure).
+default, chain drafting) and `tree_server` (preset tree: side branches where the drafter is unsure). The module's
+own servers (no-draft, tree, shipped) run in turn, each started while the one before it is in use.
 
 Same-kernel reference: `nodraft_replies` come from DSPARK verifying no drafts (max-verify 0: every step verifies the
 anchor alone, through the same target forward as DSPARK with drafts). Where DSPARK's output differs from plain,
 the failure message says whether this server's output differs from plain by then too (the kernel's rounding
-differs from plain SGLang's: not a DSPARK bug) or not (drafting or verification is wrong). That server starts
-only for such a failure and for the one test that keeps it honest on two prompts."""
+differs from plain SGLang's: not a DSPARK bug) or not (drafting or verification is wrong). That server runs for
+the one test that keeps it honest on two prompts, and again for such a failure."""
 
 import pytest
 import requests
 
 from conftest import GREEDY_128, dspark_spec, generate_all, warm_prefix_cache
-from sgl_dspark.tools.launch import serving
+from sgl_dspark.tools.launch import ServerSpec, relay, serving
 from sgl_dspark.tools.models import SHIPPED_DRAFTER
 
 pytestmark = pytest.mark.integration
@@ -51,16 +52,39 @@ def mismatches(replies: list[dict], want: list[list[int]], indices: list[int]) -
     return lines
 
 
-def nodraft_replies(request, texts: list[str], concurrency: int) -> list[dict]:
-    """Greedy replies of a DSPARK server that verifies no drafts (max-verify 0: each step verifies the anchor alone,
-    through the target forward, GEMM and attention path of a DSPARK verify step), started for this call only. The
-    shipped drafter (its recommended knobs turn lookup on), the gate, the draft process and draft-ahead on: that
-    combination once took the server down (issue 27)."""
-    fixture = request.getfixturevalue
-    spec = dspark_spec(fixture("default_model_path"), str(SHIPPED_DRAFTER), "--speculative-dspark-max-verify", "0",
+def nodraft_spec(model_path: str) -> ServerSpec:
+    """A DSPARK server that verifies no drafts (max-verify 0: each step verifies the anchor alone, through the target
+    forward, GEMM and attention path of a DSPARK verify step). The shipped drafter (its recommended knobs turn
+    lookup on), the gate, the draft process and draft-ahead on: that combination once took the server down (issue
+    27)."""
+    return dspark_spec(model_path, str(SHIPPED_DRAFTER), "--speculative-dspark-max-verify", "0",
                        "--speculative-dspark-draft-ahead", "true", gate=True, draft_process=True)
-    with serving(spec, fixture("tmp_path_factory").mktemp("dspark-nodraft")) as server:
+
+
+def nodraft_replies(request, texts: list[str], concurrency: int) -> list[dict]:
+    """Greedy replies of the no-draft server, started for this call only (a failure's verdict)."""
+    fixture = request.getfixturevalue
+    with serving(nodraft_spec(fixture("default_model_path")),
+                 fixture("tmp_path_factory").mktemp("dspark-nodraft-verdict")) as server:
         return generate_all(server.base_url, texts, concurrency, **GREEDY_128)
+
+
+@pytest.fixture(scope="module")
+def lossless_servers(default_model_path, bigram_drafter_path, tmp_path_factory):
+    """This module's own servers in the order its tests ask for them, each started while the one before it is in
+    use: the no-draft one, the tree (preset tree, the bigram drafter: side branches where the drafter is unsure),
+    the shipped drafter with lookup (the demo's configuration)."""
+    specs = {"nodraft": nodraft_spec(default_model_path),
+             "tree": dspark_spec(default_model_path, bigram_drafter_path, "--speculative-dspark-preset", "tree"),
+             "shipped": dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--speculative-dspark-lookup", "true")}
+    with relay({name: (spec, tmp_path_factory.mktemp(f"dspark-{name}")) for name, spec in specs.items()}) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def tree_server(lossless_servers):
+    with lossless_servers.serving("tree") as server:
+        yield server
 
 
 def same_kernel_verdicts(request, prompts: list[str], plain_reference: list[list[int]], replies: list[dict],
@@ -104,9 +128,10 @@ def test_plain_greedy_does_not_depend_on_concurrency(plain_server, prompts, plai
     assert not mismatches(replies, [plain_reference[i] for i in CONCURRENCY_CHECK], list(CONCURRENCY_CHECK))
 
 
-def test_no_draft_dspark_is_token_identical_to_plain(request, prompts, plain_reference):
+def test_no_draft_dspark_is_token_identical_to_plain(lossless_servers, prompts, plain_reference):
     """The same-kernel reference itself: one verify step per token, no draft verified, plain's output."""
-    replies = nodraft_replies(request, [prompts[i] for i in NODRAFT_CHECK], 2)
+    with lossless_servers.serving("nodraft") as server:
+        replies = generate_all(server.base_url, [prompts[i] for i in NODRAFT_CHECK], 2, **GREEDY_128)
     assert not mismatches(replies, [plain_reference[i] for i in NODRAFT_CHECK], list(NODRAFT_CHECK))
     for r in replies:
         meta = r["meta_info"]
@@ -140,14 +165,10 @@ def test_tree_greedy_is_token_identical_to_plain_one_at_a_time(request, tree_ser
 SHIPPED_SUBSET = [0, 3, 7, 10, 14, 18]  # chat and raw/code prompts
 
 
-def test_shipped_drafter_with_lookup_is_lossless(request, default_model_path, prompts, plain_reference,
-                                                tmp_path_factory):
+def test_shipped_drafter_with_lookup_is_lossless(request, lossless_servers, prompts, plain_reference):
     """The demo's configuration: the trained drafter committed in the package, plus context lookup, at concurrency
     4; its drafts are accepted (accepted length > 1) and the output is still the plain server's."""
-    from sgl_dspark.tools.models import SHIPPED_DRAFTER
-
-    spec = dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--speculative-dspark-lookup", "true")
-    with serving(spec, tmp_path_factory.mktemp("dspark-shipped")) as server:
+    with lossless_servers.serving("shipped") as server:
         replies = check_lossless(request, server, prompts, plain_reference, SHIPPED_SUBSET, 4)
     steps = sum(r["meta_info"]["spec_verify_ct"] for r in replies)
     assert sum(r["meta_info"]["completion_tokens"] for r in replies) / steps > 1.2

@@ -12,8 +12,8 @@ successor about one half), so about half of the verified drafts are rejected at 
 (measured shares at RESULTS). Building it from the reference samples does not make the test circular: if
 verification is exact, DSPARK's output distribution does not depend on the drafter at all.
 
-Servers start one after another (module-scoped, one per configuration; the TP one's two ranks take both of CI's
-cores, the others are idle by then); the plain reference is session-wide.
+Servers run one after another (one per configuration, each started while the one before it is tested; the TP one's
+two ranks take both of CI's cores, the unit tests beside are done by then); the plain reference is session-wide.
 """
 
 import math
@@ -24,7 +24,7 @@ from scipy.stats import chi2_contingency
 
 from conftest import after_first, contingency, draw, dspark_spec
 from fixture_drafters import save_markov_drafter_for
-from sgl_dspark.tools.launch import serving
+from sgl_dspark.tools.launch import relay
 from sgl_dspark.trace import read_trace
 
 pytestmark = pytest.mark.integration
@@ -65,6 +65,7 @@ CONFIGS = {"chain": MIN_VERIFY, "tree": ("--speculative-dspark-preset", "tree", 
 # checked above without TP): the two unconstrained settings, keeping the module's time within CI's budget.
 TP_SETTINGS = ("t1", "t0.7-top_p0.9")
 SAMPLES = 300
+TRACE = "trace.jsonl"  # each configuration's step trace, in its log directory
 CONCURRENCY = 16  # DSPARK's requests in flight (and its max running requests): verify batches of up to 16
 P_FLOOR = 1e-3
 REJECTED = (0.15, 0.9)  # the share of verified drafts rejected must lie here: rejection and acceptance both run
@@ -127,15 +128,23 @@ def disagreeing_drafter_path(default_model_path, plain_samples, tmp_path_factory
     return save_markov_drafter_for(default_model_path, out, logits, confidence, default_confidence=0.5)
 
 
+@pytest.fixture(scope="module")
+def sampling_servers(default_model_path, disagreeing_drafter_path, tmp_path_factory):
+    """The configurations' servers in turn, each started while the one before it is tested."""
+    jobs = {}
+    for name, flags in CONFIGS.items():
+        log_dir = tmp_path_factory.mktemp(f"dspark-sampling-{name}")
+        jobs[name] = (dspark_spec(default_model_path, disagreeing_drafter_path, *flags, "--speculative-dspark-trace",
+                                  str(log_dir / TRACE), max_running_requests=CONCURRENCY), log_dir)
+    with relay(jobs) as servers:
+        yield servers
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def sampling_server(request, default_model_path, disagreeing_drafter_path, tmp_path_factory):
+def sampling_server(request, sampling_servers):
     """(configuration name, its DSPARK server, its step-trace path), one configuration at a time."""
-    log_dir = tmp_path_factory.mktemp(f"dspark-sampling-{request.param}")
-    trace = log_dir / "trace.jsonl"
-    spec = dspark_spec(default_model_path, disagreeing_drafter_path, *CONFIGS[request.param],
-                       "--speculative-dspark-trace", str(trace), max_running_requests=CONCURRENCY)
-    with serving(spec, log_dir) as server:
-        yield request.param, server, trace
+    with sampling_servers.serving(request.param) as server:
+        yield request.param, server, server.log_path.parent / TRACE
 
 
 def rejected_share(replies: list[dict]) -> float:

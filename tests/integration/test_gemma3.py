@@ -3,7 +3,8 @@ its PyPI packages (Gemma terms of use) and served by the real SGLang server on C
 
 DSPARK with the shipped Gemma drafter is greedy token-identical to the plain server on a handful of prompts x 64
 tokens, two of them longer than the 512-token sliding window (so verification has to drop keys older than the
-window on 15 of the 18 layers, as plain decoding does), and it accepts drafts. One plain and one DSPARK server.
+window on 15 of the 18 layers, as plain decoding does), and it accepts drafts. One plain and one DSPARK server,
+the second started while the first answers.
 """
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROMPTS_FILE, dspark_spec, generate_all
-from sgl_dspark.tools.launch import ServerSpec, free_port, serving
+from sgl_dspark.tools.launch import ServerSpec, free_port, relay
 
 pytestmark = pytest.mark.integration
 
@@ -63,18 +64,27 @@ def test_prepared_folder_is_gemma3_with_windows_bos_and_chat_template(gemma_path
 
 
 @pytest.fixture(scope="module")
-def plain_replies(gemma_path, gemma_prompts, tmp_path_factory) -> list[dict]:
-    with serving(ServerSpec(gemma_path, port=free_port()), tmp_path_factory.mktemp("gemma-plain")) as server:
-        return generate_all(server.base_url, gemma_prompts, 4, **GREEDY_64)
-
-
-@pytest.fixture(scope="module")
-def dspark_replies(gemma_path, gemma_prompts, tmp_path_factory) -> list[dict]:
+def gemma_servers(gemma_path, tmp_path_factory):
+    """The plain server, then the DSPARK one with the shipped Gemma drafter, started while the plain one answers."""
     from sgl_dspark.tools.models import GEMMA3, default_drafter
 
     drafter = default_drafter(gemma_path)
     assert drafter == str(GEMMA3.drafter), "the shipped Gemma drafter is missing"
-    with serving(dspark_spec(gemma_path, drafter), tmp_path_factory.mktemp("gemma-dspark")) as server:
+    jobs = {"plain": (ServerSpec(gemma_path, port=free_port()), tmp_path_factory.mktemp("gemma-plain")),
+            "dspark": (dspark_spec(gemma_path, drafter), tmp_path_factory.mktemp("gemma-dspark"))}
+    with relay(jobs) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def plain_replies(gemma_servers, gemma_prompts) -> list[dict]:
+    with gemma_servers.serving("plain") as server:
+        return generate_all(server.base_url, gemma_prompts, 4, **GREEDY_64)
+
+
+@pytest.fixture(scope="module")
+def dspark_replies(gemma_servers, gemma_prompts, plain_replies) -> list[dict]:
+    with gemma_servers.serving("dspark") as server:
         return generate_all(server.base_url, gemma_prompts, 4, **GREEDY_64)
 
 

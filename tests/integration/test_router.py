@@ -10,7 +10,7 @@ stopped).
 import pytest
 
 from conftest import dspark_spec, generate
-from sgl_dspark.tools.launch import routing, serving
+from sgl_dspark.tools.launch import routing, serving_together
 from sgl_dspark.tools.models import SHIPPED_DRAFTER
 from test_data_parallel import series
 
@@ -29,7 +29,7 @@ def routed(default_model_path, plain_server, tmp_path_factory):
     the router."""
     log_dir = tmp_path_factory.mktemp("dspark-routed")
     specs = [dspark_spec(default_model_path, str(SHIPPED_DRAFTER), "--enable-metrics", gate=True) for _ in range(2)]
-    with serving(specs[0], log_dir / "a") as a, serving(specs[1], log_dir / "b") as b:
+    with serving_together([(specs[0], log_dir / "a"), (specs[1], log_dir / "b")]) as (a, b):
         with routing([a.base_url, b.base_url], log_dir / "router.log") as url:
             yield url, (a, b)
 
