@@ -220,7 +220,11 @@ def spawn(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
 
 
 def start(spec: ServerSpec, log_dir: Path | None = None) -> RunningServer:
-    server = spawn(spec, log_dir)
+    return _healthy(spawn(spec, log_dir))
+
+
+def _healthy(server: RunningServer) -> RunningServer:
+    """`server` once it answers; stopped if it never does."""
     try:
         _wait_healthy(server)
     except BaseException:
@@ -268,12 +272,7 @@ class ServerRelay:
     @contextmanager
     def serving(self, name: str) -> Iterator[RunningServer]:
         """The server of `name`, healthy; the next name's is started before this one is yielded; always stopped."""
-        server = self._take(name)
-        try:
-            _wait_healthy(server)
-        except BaseException:
-            stop(server)
-            raise
+        server = _healthy(self._take(name))
         following = self._order.index(name) + 1
         if following < len(self._order):
             self._ahead = (self._order[following], spawn(*self._jobs[self._order[following]]))

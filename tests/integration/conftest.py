@@ -65,8 +65,8 @@ def dspark_spec(model_path: str, drafter_path: str, *flags: str, max_running_req
 
 @pytest.fixture(scope="module")
 def dspark_server(default_model_path, random_drafter_path, tmp_path_factory):
-    """DSPARK with the random drafter, chain drafting, default preset. Module-scoped: a server
-    holds ~4 GB, and the session-wide ones (plain, chain) plus a module's own must fit CI's 24 GB."""
+    """DSPARK with the random drafter, chain drafting, default preset. Module-scoped: a server holds ~4 GB, and the
+    session-wide ones (plain, chain) plus a module's own must fit CI's 24 GB."""
     with serving(dspark_spec(default_model_path, random_drafter_path), tmp_path_factory.mktemp("dspark")) as server:
         yield server
 
