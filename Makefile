@@ -49,12 +49,13 @@ lint: install
 	$(PY) -m ruff check .
 
 # The unit tests (no server; one core at a time but for the served-law test) run beside the integration tests, whose
-# servers leave the second core mostly idle; their report follows the integration one. The default model is prepared
+# servers leave the second core mostly idle, at a lower priority (nice): the integration tests are the longer lane, so
+# the unit tests take only the time their servers leave; their report follows the integration one. The default model is prepared
 # first so that the two runs never convert it at once.
 UNIT_LOG := $(VENV)/unit-tests.log
 test: lint
 	$(PY) -m sgl_dspark.tools.models prepare > /dev/null
-	( $(PY) -m pytest -q -p no:cacheprovider --basetemp=$${TMPDIR:-/tmp}/sgl-dspark-unit-tests --durations=10 \
+	( nice -n 10 $(PY) -m pytest -q -p no:cacheprovider --basetemp=$${TMPDIR:-/tmp}/sgl-dspark-unit-tests --durations=10 \
 		tests/unit > $(UNIT_LOG) 2>&1; echo $$? > $(UNIT_LOG).rc ) & \
 	$(PY) -m pytest -q --durations=30 tests/integration tests/gpu; rc=$$?; wait; \
 	echo "--- unit tests (run beside the integration tests above) ---"; cat $(UNIT_LOG); \

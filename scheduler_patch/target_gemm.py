@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from sgl_dspark.packed_gemm import is_float_cpu, pack, packed_linear
+from sgl_dspark.packed_gemm import KernelTimes, is_float_cpu, pack, packed_linear, time_kernels
 
 from scheduler_patch.patches import Patch, apply_all, source_lacks
 
 UNQUANT = "sglang.srt.layers.quantization.unquant"
 LINEAR = "sglang.srt.layers.linear"
 LOGITS = "sglang.srt.layers.logits_processor.LogitsProcessor"
+TIMED_BYTES = 256 * 2**20  # weights `pack_target` times the kernels on (then scaled to all)
 PACKED = "_dspark_packed"  # the packed weight, a plain attribute of the layer (not a parameter or buffer)
 # Upstream source the patches rely on, whitespace-normalised: SGLang's linear layers compute through their quant
 # method's apply, and the LM head's product is its quant method's apply (the call the packed head replaces).
@@ -36,16 +37,20 @@ class PackReport:
     layers: int  # modules now running on packed weights
     freed_bytes: int  # original weights released (linear layers; an embedding keeps its table)
     added_bytes: int  # packed copies kept beside an original that is still needed (the tied LM head)
+    kernels: KernelTimes | None = None  # plain's kernel against the packed one on these weights (when timed)
 
 
-def pack_target(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
+def pack_target(model: nn.Module, lm_head: nn.Module | None, time_rows: tuple[int, ...] = ()) -> PackReport:
     """Apply the patches, then pack every plain float linear layer of `model` (and `lm_head`, when given). Linear
     layers drop their original weight; the LM head keeps its table (it may be the tied embedding, which looks
-    rows up). Only layers whose quant method is exactly SGLang's unquantized one are packed."""
+    rows up). Only layers whose quant method is exactly SGLang's unquantized one are packed.
+    With `time_rows`, plain's kernel and the packed one are timed at those row counts on the first TIMED_BYTES of
+    weights (more than any CPU cache holds, so both stream from memory as a forward does; their originals are
+    dropped once timed) and scaled to all of them."""
     apply_all(PATCHES)
     linear, embedding = (pkgutil.resolve_name(f"{UNQUANT}.{name}")
                          for name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"))
-    layers, freed, added = 0, 0, 0
+    layers, freed, added, timed, timed_bytes = 0, 0, 0, [], 0
     for module in model.modules():
         method, weight = getattr(module, "quant_method", None), getattr(module, "weight", None)
         is_head = type(method) is embedding and module is lm_head  # another embedding only looks rows up
@@ -54,12 +59,20 @@ def pack_target(model: nn.Module, lm_head: nn.Module | None) -> PackReport:
         vars(module)[PACKED] = pack(weight)
         layers += 1
         size = weight.numel() * weight.element_size()
-        if is_head:
-            added += size
-        else:
-            freed += size
+        added, freed = (added + size, freed) if is_head else (added, freed + size)
+        if time_rows and timed_bytes < TIMED_BYTES:
+            timed.append((module, is_head))
+            timed_bytes += size
+        elif not is_head:
             module.weight.data = weight.data.new_empty(0)
-    return PackReport(layers, freed, added)
+    kernels = None
+    if timed:
+        kernels = time_kernels([(m.weight, vars(m)[PACKED]) for m, _ in timed], time_rows)
+        kernels = kernels.scaled((freed + added) / timed_bytes)
+        for module, is_head in timed:
+            if not is_head:
+                module.weight.data = module.weight.data.new_empty(0)
+    return PackReport(layers, freed, added, kernels)
 
 
 def _packed_linear(original, self, layer, x, bias=None):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from sgl_dspark.cost import StepCostTable
+from sgl_dspark.packed_gemm import KernelTimes
 
 FORGET = 0.97  # per observation: a linear cost part forgets old steps with this weight (half-life ~23 steps)
 OUTLOOK_WEIGHT = 0.05  # per speculated step: weight of the newest outcome in a request's outlook (acceptance is bursty:
@@ -68,12 +69,19 @@ class StepCosts:
     floor: LinearCost  # planning + packing when none drafts, by requests
     tail: LinearCost  # acceptance + commit + observing, by batch tokens
     host: LinearCost  # SGLang's share between two decode steps, by requests
+    kernels: KernelTimes | None = None  # plain SGLang's GEMM kernel against this server's (None: the same kernel)
 
     def seconds(self, drafting: torch.Tensor, batch_tokens: torch.Tensor, requests: int) -> torch.Tensor:
         """drafting [n], batch_tokens [n] -> whole-step seconds [n] float64."""
         r = torch.tensor([float(requests)])
         first = torch.where(drafting > 0, self.draft.seconds(drafting), self.floor.seconds(r))
         return first + self.verify.costs(batch_tokens) + self.tail.seconds(batch_tokens) + self.host.seconds(r)
+
+    def plain_seconds(self, requests: int) -> float:
+        """Plain SGLang's decode step of `requests` requests: this server's step without drafts, with plain's GEMM
+        kernel in place of the one its target runs on (what the packed kernel saves or costs at that many rows)."""
+        own = float(self.seconds(torch.zeros(1), torch.tensor([float(requests)]), requests)[0])
+        return own if self.kernels is None else own + self.kernels.saved(requests)
 
     def besides_verify(self, drafted: int, requests: int) -> tuple[float, float]:
         """(seconds, seconds per batch token) the step costs besides the verify forward once `drafted` requests
@@ -90,10 +98,11 @@ class StepCosts:
         return replace(self, tail=self.tail.observe(batch_tokens, tail_s), **first, **host)
 
 
-def initial_costs(verify: StepCostTable) -> StepCosts:
-    """Before any step is measured: drafting ~10% of a one-token step per call, the rest small; refitted online."""
+def initial_costs(verify: StepCostTable, kernels: KernelTimes | None = None) -> StepCosts:
+    """Before any step is measured: drafting ~10% of a one-token step per call, the rest small; refitted online.
+    kernels: plain's GEMM kernel timed against the target's (start-up), when they differ."""
     return StepCosts(verify, draft=LinearCost(0.1 * verify.cost(1), 0.002), floor=LinearCost(0.001),
-                     tail=LinearCost(0.002, 0.0005), host=LinearCost(0.005))
+                     tail=LinearCost(0.002, 0.0005), host=LinearCost(0.005), kernels=kernels)
 
 
 @dataclass(frozen=True)
@@ -107,14 +116,15 @@ class Outlook:
 @dataclass(frozen=True)
 class Decision:
     speculate: torch.Tensor  # [R] bool: requests that draft this step
-    predicted_gain: float  # predicted tokens/s of the chosen step over plain decoding's (1.0: plain)
+    predicted_gain: float  # predicted tokens/s of the chosen step over plain decoding's (see `choose`)
 
 
 def choose(outlooks: list[Outlook | None], costs: StepCosts, margin: float, probe: bool = False) -> Decision:
     """Requests ranked by outlook gain; the speculating set is the top k maximising predicted tokens per second of the
-    whole step, if that beats plain decoding (k = 0) by `margin`. A request without an outlook yet speculates
-    regardless, and on a probe step every request does. Example: one request, gain 1.0 at equal step cost -> it
-    speculates (2 tokens per step against 1)."""
+    whole step, if that beats plain decoding by `margin`: the faster of this server's step without drafts (k = 0)
+    and plain SGLang's step (`StepCosts.plain_seconds`), so speculating is chosen only where it beats both. A
+    request without an outlook yet speculates regardless, and on a probe step every request does. Example: one
+    request, gain 1.0 at equal step cost -> it speculates (2 tokens per step against 1)."""
     r = len(outlooks)
     due = torch.tensor([probe or o is None for o in outlooks], dtype=torch.bool)
     gain = torch.tensor([0.0 if o is None else o.gain for o in outlooks], dtype=torch.float64)
@@ -125,11 +135,14 @@ def choose(outlooks: list[Outlook | None], costs: StepCosts, margin: float, prob
     # every request's rows are padded to the widest one's: the batch grows with the most verified, not the sum
     batch = r * (1 + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cummax(verified[order], 0).values]))
     theta = tokens / costs.seconds(k, batch, r)
-    best = int(theta[1:].argmax()) + 1 if r else 0
-    chosen = best if r and float(theta[best]) > (1.0 + margin) * float(theta[0]) else 0
+    if not r:
+        return Decision(due, 1.0)
+    plain = max(float(theta[0]), r / costs.plain_seconds(r))  # tokens per second without speculating
+    best = int(theta[1:].argmax()) + 1
+    chosen = best if float(theta[best]) > (1.0 + margin) * plain else 0
     speculate = torch.zeros(r, dtype=torch.bool)
     speculate[order[:chosen]] = True
-    return Decision(speculate | due, float(theta[chosen] / theta[0]) if r else 1.0)
+    return Decision(speculate | due, float(theta[chosen]) / plain)
 
 
 @dataclass

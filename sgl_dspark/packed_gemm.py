@@ -7,8 +7,16 @@ its one-row gemv for 4-12 rows, so verifying a draft looked expensive; oneDNN on
 must not change which rows are computed (only the GEMM kernel, whose rounding differs from MKL's like gemm from gemv).
 """
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+from sgl_dspark.cost import StepCostTable, from_measurements, profile
+
+KERNEL_ROWS = (1, 4, 16)  # row counts `time_kernels` times by default (a decode step of 1, 4, 16 requests)
 
 
 def onednn_available() -> bool:
@@ -31,6 +39,47 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """One pass over a model's linear weights on plain SGLang's kernel (`F.linear`: MKL's sgemm/gemv on CPU) and on
+    the packed one, by row count (medians, made non-decreasing; linear between and beyond the counts timed)."""
+
+    plain: StepCostTable
+    packed: StepCostTable
+
+    def saved(self, rows: int) -> float:
+        """Seconds the packed kernel saves a forward of `rows` rows against plain's (negative: it costs more)."""
+        return self.plain.cost(rows) - self.packed.cost(rows)
+
+    def scaled(self, factor: float) -> "KernelTimes":
+        """The times of a pass over `factor` times as many weights (a memory-bound pass scales with its bytes)."""
+        return KernelTimes(*(from_measurements(t.tokens, [s * factor for s in t.seconds])
+                             for t in (self.plain, self.packed)))
+
+    def describe(self) -> str:
+        """One line: 'rows 1/4/16: plain 49.1/81.8/95.0 ms, packed 41.5/45.6/50.2 ms'."""
+        ms = [f"{'/'.join(f'{s * 1000:.1f}' for s in t.seconds)} ms" for t in (self.plain, self.packed)]
+        return f"rows {'/'.join(map(str, self.plain.tokens))}: plain {ms[0]}, packed {ms[1]}"
+
+
+def time_kernels(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int] = KERNEL_ROWS,
+                 repeats: int = 3) -> KernelTimes:
+    """pairs (weight [out, in], its packed copy) -> the time of one pass over all of them (as a forward reads them,
+    from memory) with each kernel, at each row count: `repeats` timed passes after one warm-up, the median."""
+    inputs = {(n, w.shape[1]): torch.randn(n, w.shape[1], dtype=w.dtype) for n in rows for w, _ in pairs}
+
+    def plain(n: int) -> None:
+        for w, _ in pairs:
+            F.linear(inputs[n, w.shape[1]], w)
+
+    def packed(n: int) -> None:
+        for w, p in pairs:
+            packed_linear(inputs[n, w.shape[1]], p)
+
+    with torch.inference_mode():
+        return KernelTimes(profile(plain, rows, repeats), profile(packed, rows, repeats))
 
 
 class PackedLinear(nn.Module):

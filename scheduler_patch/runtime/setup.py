@@ -17,7 +17,7 @@ from sgl_dspark.cost import StepCostTable, from_measurements
 from sgl_dspark.draft_worker.client import DraftClient
 from sgl_dspark.drafter import TargetSpec, TargetWeights
 from sgl_dspark.observe import WorkerMetrics
-from sgl_dspark.packed_gemm import cpu_bf16_fast, onednn_available, pack_drafter
+from sgl_dspark.packed_gemm import KERNEL_ROWS, KernelTimes, cpu_bf16_fast, onednn_available, pack_drafter
 from sgl_dspark.budget import BudgetPolicy, make_budget
 from sgl_dspark.streams import DRAFT, stream_seed
 
@@ -42,6 +42,7 @@ class WorkerSetup:
     target: TargetSpec
     target_weights: TargetWeights  # the running target's own tensors (used only by the in-process client)
     budget: BudgetPolicy
+    kernels: KernelTimes | None = None  # plain SGLang's GEMM kernel timed against the target's packed one (CPU)
 
     @property
     def config(self) -> DSparkKnobs:
@@ -134,14 +135,20 @@ def capture_gemma3_residual_stream(model, layer_ids: tuple[int, ...]) -> None:
     model.set_eagle3_layers_to_capture(list(layer_ids))
 
 
-def use_packed_gemm(model) -> None:
-    """The target's linear layers and LM head on oneDNN packed weights (scheduler_patch/target_gemm.py)."""
+def use_packed_gemm(model, timed: bool) -> KernelTimes | None:
+    """The target's linear layers and LM head on oneDNN packed weights (scheduler_patch/target_gemm.py); timed:
+    plain SGLang's kernel against the packed one, for the gate's baseline (plain SGLang's step on this hardware)."""
     if not onednn_available():
         raise ValueError("--speculative-dspark-cpu-gemm onednn: this torch build has no oneDNN; "
                          "set --speculative-dspark-cpu-gemm native")
-    report = pack_target(model, getattr(model, "lm_head", None))
+    report = pack_target(model, getattr(model, "lm_head", None), KERNEL_ROWS if timed else ())
     logger.info("sgl-dspark: %d target linear layers on oneDNN packed weights (%.0f MB freed, %.0f MB added)",
                 report.layers, report.freed_bytes / 2**20, report.added_bytes / 2**20)
+    if report.kernels is not None:
+        logger.info("sgl-dspark: the target's linear layers, one pass, %s; the gate speculates only where it beats "
+                    "the faster of this server's step without drafts and plain SGLang's step",
+                    report.kernels.describe())
+    return report.kernels
 
 
 def log_interval(server_args) -> int:
@@ -168,15 +175,16 @@ def build_setup(launch: DSparkLaunch, server_args, model_runner) -> WorkerSetup:
     target = TargetSpec.from_hf_config(model_runner.model_config.hf_config.to_dict())
     model = model_runner.model
     capture_target_features(model, launch.drafter.target_layer_ids, target.num_hidden_layers)
+    kernels = None
     if str(model_runner.device) == "cpu" and config.cpu_gemm == "onednn":
-        use_packed_gemm(model)
+        kernels = use_packed_gemm(model, timed=config.gate and config.drafts)
     table = launch.cost_table or prior_cost_table()
     budget = make_budget(config, table)
     if config.cost_table_out:
         budget = SavingBudget(budget, table, config.cost_table_out, log_interval(server_args),
                                     {"model": server_args.model_path, "device": str(model_runner.device)})
     weights = target_weights(model, int(model_runner.model_config.vocab_size), tp_group())
-    return WorkerSetup(launch, server_args.model_path, target, weights, budget)
+    return WorkerSetup(launch, server_args.model_path, target, weights, budget, kernels)
 
 
 def start_cost_table(setup: WorkerSetup, model_runner) -> None:

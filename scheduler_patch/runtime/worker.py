@@ -100,7 +100,7 @@ class DSparkWorker(BaseSpecWorker):
         self.generator = stream(int(server_args.random_seed or 0), VERIFY)  # the verifier's own stream
         self.vocab = int(self.model_runner.model_config.vocab_size)
         self.full_mask = self.device != "cpu"
-        self.gate = Gate(initial_costs(prior_cost_table()), self.setup.config.gate_margin) \
+        self.gate = Gate(initial_costs(prior_cost_table(), self.setup.kernels), self.setup.config.gate_margin) \
             if self.setup.config.gate and self.setup.config.drafts else None
         self.last_decode_end: float | None = None  # when the previous decode step returned (None: a prefill since)
 

@@ -1,12 +1,13 @@
 """Speculation gate: the online linear cost parts, the whole-step cost model and the per-step choice of which requests
 speculate (literal cases), and the gate's bookkeeping across steps."""
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 import torch
 
 from sgl_dspark.cost import StepCostTable
+from sgl_dspark.packed_gemm import KernelTimes
 from sgl_dspark.gate import (PROBE_EVERY, Gate, GatedStep, LinearCost, Outlook, StepCosts, choose, initial_costs,
                              next_outlook)
 
@@ -68,6 +69,24 @@ def test_the_batch_is_priced_padded_to_the_widest_request():
     assert alone.speculate.tolist() == [True] and alone.predicted_gain == pytest.approx(2 / 1.75)
     beside = choose([Outlook(1.0, 4.0), Outlook(0.0, 0.0)], model, 0.0)
     assert beside.speculate.tolist() == [False, False] and beside.predicted_gain == 1.0
+
+
+def test_the_baseline_is_the_faster_of_this_servers_floor_and_plain_sglangs_step():
+    """Without drafts a step costs 1 s here (the verify table). Plain SGLang's kernel saving 0.1 s makes plain's step
+    0.9 s: a request gaining 0.15 tokens at 1.2 s (1.15 / 1.2 = 0.96 / s) beats neither; gaining 0.25 (1.04 / s)
+    beats this server's floor (1 / s) but not plain (1.11 / s), so it is declined; 0.5 (1.25 / s) beats both.
+    Plain's kernel 0.1 s slower leaves the floor the baseline."""
+    faster = KernelTimes(StepCostTable((1,), (0.5,)), StepCostTable((1,), (0.6,)))  # plain's pass 0.1 s shorter
+    slower = KernelTimes(StepCostTable((1,), (0.7,)), StepCostTable((1,), (0.6,)))
+    plain_fast, plain_slow = replace(costs(), kernels=faster), replace(costs(), kernels=slower)
+    assert plain_fast.plain_seconds(1) == pytest.approx(0.9) and plain_slow.plain_seconds(1) == pytest.approx(1.1)
+    assert costs().plain_seconds(1) == pytest.approx(1.0)
+    assert choose([Outlook(0.25, 2.0)], costs(), margin=0.0).speculate.tolist() == [True]
+    declined = choose([Outlook(0.25, 2.0)], plain_fast, margin=0.0)
+    assert declined.speculate.tolist() == [False] and declined.predicted_gain == pytest.approx(0.9)
+    assert choose([Outlook(0.5, 2.0)], plain_fast, margin=0.0).predicted_gain == pytest.approx(1.5 / 1.2 * 0.9)
+    assert choose([Outlook(0.25, 2.0)], plain_slow, margin=0.0).speculate.tolist() == [True]
+    assert initial_costs(FLAT, faster).kernels is faster
 
 
 def test_new_requests_and_probe_steps_speculate_regardless():

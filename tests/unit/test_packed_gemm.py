@@ -8,7 +8,9 @@ from torch import nn
 from sgl_dspark.drafter import Proposer, ProposeInput, pad_contexts
 from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.fresh import random_drafter
-from sgl_dspark.packed_gemm import PackedLinear, onednn_available, pack_drafter, packed_linear, pack
+from sgl_dspark.cost import StepCostTable
+from sgl_dspark.packed_gemm import (KernelTimes, PackedLinear, onednn_available, pack_drafter, packed_linear, pack,
+                                   time_kernels)
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
@@ -54,3 +56,14 @@ def test_narrow_layers_stay_plain():
     drafter, _ = drafter_and_input()
     pack_drafter(drafter)
     assert type(drafter.confidence_head.proj) is nn.Linear  # one output: nothing to gain
+
+
+def test_kernel_times_time_each_kernel_at_each_row_count():
+    weights = [torch.randn(256, 64), torch.randn(128, 256)]
+    times = time_kernels([(w, pack(w)) for w in weights], rows=(1, 8), repeats=2)
+    assert times.plain.tokens == (1, 8) == times.packed.tokens
+    assert all(s > 0 for s in times.plain.seconds + times.packed.seconds)
+    literal = KernelTimes(StepCostTable((1, 4), (0.05, 0.08)), StepCostTable((1, 4), (0.04, 0.045)))
+    assert literal.saved(1) == pytest.approx(0.01) and literal.saved(4) == pytest.approx(0.035)
+    assert literal.scaled(2.0).saved(4) == pytest.approx(0.07)
+    assert literal.describe() == "rows 1/4: plain 50.0/80.0 ms, packed 40.0/45.0 ms"

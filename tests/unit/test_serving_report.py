@@ -8,7 +8,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of scripts, not installed
 
 from benchmarks.serving_report import (TABLE_END, TABLE_START, Cell, Measurement, Stat, accept_length,  # noqa: E402
-                                       decode_lines, dspark_verify_length, prometheus_totals, ratio, render_table,
+                                       decode_lines, dspark_verify_length, first_difference, output_identity,
+                                       prometheus_totals, ratio, render_identity, render_table,
                                        speculated_share, splice_readme, stat, step_breakdown, summarize,
                                        with_rest_of_step)
 
@@ -82,6 +83,28 @@ def test_render_table_shows_spread_over_repeats():
     cells += [Cell("dspark", "chat", 1, 0, m(10.0, 12.0)), Cell("dspark", "chat", 1, 1, m(10.0, 16.0))]
     row = render_table(summarize(cells)).splitlines()[3]
     assert row.split(" | ")[4] == "1.40 [1.20-1.60]"
+
+
+def test_outputs_against_the_baselines_share_identical_and_earliest_difference():
+    letters = list  # one token per character
+    assert output_identity(["ab", "ac"], ["ab", "ab"], letters) == (0.5, 1)
+    assert output_identity(["abc", "xbc", "ab"], ["abc", "abc", "abc"], letters) == (pytest.approx(1 / 3), 0)
+    assert output_identity(["ab"], ["ab"], letters) == (1.0, None)
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a prefix differs where it ends
+    with pytest.raises(ValueError):
+        output_identity(["a"], ["a", "b"], letters)
+
+
+def test_render_identity_lists_the_configurations_compared():
+    from dataclasses import replace
+
+    same, differs = replace(m(10.0, 5.0), same_as_baseline=1.0), replace(m(10.0, 5.0), same_as_baseline=0.75,
+                                                                       first_difference=37)
+    cells = [Cell("none", "chat", 1, 0, m(10.0, 5.0)), Cell("dspark", "chat", 1, 0, differs),
+             Cell("dspark", "chat", 1, 1, same), Cell("ngram", "chat", 1, 0, same)]
+    lines = render_identity(summarize(cells)).splitlines()
+    assert lines[2:] == ["| chat | 1 | dspark | 0.88 [0.75-1.00] | 37 |", "| chat | 1 | ngram | 1.00 | - |"]
+    assert render_identity(summarize(cells[:1])) == ""
 
 
 def test_splice_readme_replaces_only_between_markers():

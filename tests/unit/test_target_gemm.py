@@ -49,6 +49,18 @@ def test_packed_layers_compute_sglangs_products(model):
     torch.testing.assert_close(logits, want_head, rtol=1e-5, atol=1e-5)
 
 
+def test_timed_packing_times_both_kernels_then_drops_the_originals(model, monkeypatch):
+    """With row counts to time, both kernels are timed on the packed layers' weights (scaled to all of them when only
+    the first TIMED_BYTES are timed), and the originals are dropped afterwards as without timing."""
+    monkeypatch.setattr(target_gemm, "TIMED_BYTES", 1)  # the first layer alone is timed: scaled by all / its bytes
+    report = pack_target(model, model.head, time_rows=(1, 4))
+    assert report.layers == 2 and report.kernels is not None
+    assert report.kernels.plain.tokens == (1, 4) == report.kernels.packed.tokens
+    assert all(s > 0 for s in report.kernels.plain.seconds + report.kernels.packed.seconds)
+    assert model.linear.weight.numel() == 0 and model.head.weight.shape == (80, 48)
+    assert pack_target(nn.ModuleDict({"linear": Layer(UnquantizedLinearMethod(), 96, 0)}), None).kernels is None
+
+
 def test_only_plain_float_linear_layers_and_the_head_are_packed(model):
     pack_target(model, model.head)
     assert PACKED not in vars(model.embed) and PACKED not in vars(model.f64)  # a lookup table; not fp32/bf16
