@@ -109,11 +109,20 @@ def sharegpt_prompts(limit: int, seed: int, max_chars: int) -> list[str]:
     return random.Random(seed).sample(prompts, min(limit, len(prompts)))
 
 
+def eval_turns(name: str) -> list[str]:
+    """The first turns of one of ../shared/data/eval's prompt sets."""
+    return [json.loads(line)["turns"][0] for line in (EVAL_DIR / f"{name}.jsonl").read_text().splitlines() if line]
+
+
 def code_prompts(limit: int) -> list[str]:
     """HumanEval and MBPP first turns, alternating."""
-    sets = [[json.loads(line)["turns"][0] for line in (EVAL_DIR / f"{name}.jsonl").read_text().splitlines() if line]
-            for name in ("humaneval", "mbpp")]
-    mixed = [p for pair in zip(*sets) for p in pair]
+    mixed = [p for pair in zip(eval_turns("humaneval"), eval_turns("mbpp")) for p in pair]
+    return mixed[:limit]
+
+
+def math_prompts(limit: int) -> list[str]:
+    """MATH-500 and GSM8K first turns, alternating (GSM8K from its end: the agent set takes its first tasks)."""
+    mixed = [p for pair in zip(eval_turns("math500"), eval_turns("gsm8k")[::-1]) for p in pair]
     return mixed[:limit]
 
 
@@ -126,8 +135,7 @@ AGENT_PREAMBLE = (
 def agent_prompts(limit: int) -> list[str]:
     """An agent loop's first calls: one fixed tool-call instruction (its JSON schema), then a GSM8K task. Every
     answer repeats the schema's keys: what a cache of other requests' outputs can propose (the suffix cache)."""
-    tasks = [json.loads(line)["turns"][0].split("\n")[0] for line in
-             (EVAL_DIR / "gsm8k.jsonl").read_text().splitlines() if line]
+    tasks = [turn.split("\n")[0] for turn in eval_turns("gsm8k")]
     return [AGENT_PREAMBLE + task for task in tasks[:limit]]
 
 
@@ -194,7 +202,7 @@ def codeedit_prompts(limit: int) -> list[str]:
 
 
 RENDERED = ("multiturn",)  # prompt sets written already rendered with the chat template (several turns)
-DATASETS = ("chat", "code", "agent", "multiturn", "codeedit")
+DATASETS = ("chat", "code", "math", "agent", "multiturn", "codeedit")
 
 
 def write_prompt_files(out_dir: Path, datasets: list[str], concurrency: list[int], per_cell: int, seed: int,
@@ -202,7 +210,8 @@ def write_prompt_files(out_dir: Path, datasets: list[str], concurrency: list[int
     """One prompt file per (dataset, concurrency), disjoint slices of the dataset, so no cell meets prompts an
     earlier cell of the same server answered (NGRAM's shared n-gram cache would replay those outputs)."""
     sizes = [max(per_cell, c) for c in concurrency]
-    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts, "agent": agent_prompts,
+    loaders = {"chat": lambda n: sharegpt_prompts(n, seed, max_chars), "code": code_prompts, "math": math_prompts,
+               "agent": agent_prompts,
                "multiturn": lambda n: multiturn_prompts(n, model_path, output_len, out_dir / "answers-multiturn.json"),
                "codeedit": codeedit_prompts}
     paths = {}
