@@ -200,7 +200,7 @@ def draft_batch(reqs: Sequence[StepRequest], seq_lens: Sequence[int], anchors: S
     return DraftBatch(context_slots=tuple(r.slots[:n].cpu().long() for r, n in zip(reqs, seq_lens)),
                       anchors=torch.tensor(list(anchors), dtype=torch.long),
                       anchor_positions=torch.tensor(list(seq_lens), dtype=torch.long),
-                      sampling=tuple(r.sampling for r in reqs))
+                      sampling=tuple(r.sampling for r in reqs), rids=tuple(r.rid for r in reqs))
 
 
 def draft(parts: StepParts, reqs: Sequence[StepRequest], speculate: list[bool]) -> list[DraftTree]:

@@ -134,6 +134,8 @@ class Run:
     suffix_tokens: int = 0  # accepted tokens the suffix cache proposed
     steps: int = 0
     branching: int = 0  # verified blocks with a node of two or more children
+    copied: list[int] = field(default_factory=list)  # per step: context rows the drafter copied out of its pool
+    committed: list[int] = field(default_factory=list)  # per step: rows the commit gave the drafter's context
 
 
 def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
@@ -148,7 +150,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
     client that refuses to draft)."""
     target = target or TableTarget(device)
     cfg = load_config(preset, overrides={"gate": False, **knobs})
-    client = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(prompts) * SLOTS, 11)
+    client = local = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(prompts) * SLOTS, 11)
     if fail_every:
         client = FlakyClient(client, fail_every)
     if not plans:
@@ -171,6 +173,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         reqs = [StepRequest(f"r{b}", prompts[b][:-1], tuple(run.outputs[b]), len(prompts[b]) + len(run.outputs[b]) - 2,
                             slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
         observe = None if on_step is None else (lambda step, logits, reqs=reqs: on_step(step, reqs, logits, sampler))
+        copied = local.store.rows_copied
         done = decode_step(parts, reqs, lambda step: Verified(*target.verify(step.rows, step.seq_lens)), sampler,
                            generator, observe)
         step, verdict, commit = done.step, done.verdict, done.commit
@@ -178,6 +181,8 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         hidden = done.verified.hidden
         client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
                                            hidden[commit.kept.to(hidden.device)]))  # the drafter's context grows
+        run.copied.append(local.store.rows_copied - copied)
+        run.committed.append(commit.kept.numel())
         run.lookup_tokens += done.lookup_tokens
         run.steps += 1
         parts.budget.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))

@@ -62,12 +62,15 @@ class DraftBatch:
     anchors: torch.Tensor  # [B] int64
     anchor_positions: torch.Tensor  # [B] int64
     sampling: tuple[SamplingParams, ...]  # one per request (or empty: all greedy)
+    rids: tuple[str, ...] = ()  # request ids (or empty): an in-process drafter then keeps each request's context in a
+    # buffer of its own, extended by new rows only (sgl_dspark.draft_worker.local.SlotContextStore)
 
     def select(self, rows: list[int]) -> "DraftBatch":
         index = torch.tensor(rows, dtype=torch.long)
         sampling = tuple(self.sampling[i] for i in rows) if self.sampling else ()
         return DraftBatch(tuple(self.context_slots[i] for i in rows), self.anchors[index.to(self.anchors.device)],
-                          self.anchor_positions[index.to(self.anchor_positions.device)], sampling)
+                          self.anchor_positions[index.to(self.anchor_positions.device)], sampling,
+                          tuple(self.rids[i] for i in rows) if self.rids else ())
 
     def key(self, i: int) -> tuple:
         """What request i's draft depends on: anchor, its position, context slots, sampling."""

@@ -13,12 +13,18 @@ import torch
 
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorkerUnavailable
 from sgl_dspark.drafter import ContextKV, DraftKnobs, DSparkDrafter, Proposer, ProposeInput
-from sgl_dspark.drafter.context import gather_padded
+from sgl_dspark.drafter.context import ContextBuffer, PaddedContext, RequestContexts, gather_padded
 from sgl_dspark.tree import DraftTree
 
 
+RETAIN_CALLS = 32  # a request's context buffer is dropped once this many drafting calls went by without it (the
+# gate makes every request draft at least every 16 steps)
+
+
 class SlotContextStore:
-    """Context K/V rows of every draft layer, one row per target KV slot."""
+    """Context K/V rows of every draft layer, one row per target KV slot (written once, where prefill and the commit
+    put them; a radix-cache prefix hit reuses them); drafting reads each request's rows from a buffer of its own,
+    extended by the rows written since its last draft (`context`)."""
 
     def __init__(self, drafter: DSparkDrafter, num_slots: int) -> None:
         cfg = drafter.config
@@ -27,6 +33,10 @@ class SlotContextStore:
         self.pool = ContextKV(torch.zeros(shape, dtype=weight.dtype, device=weight.device),
                               torch.zeros(shape, dtype=weight.dtype, device=weight.device))
         self.drafter = drafter
+        self.buffers: dict[str, ContextBuffer] = {}  # request id -> its context rows
+        self.last_call: dict[str, int] = {}  # request id -> the drafting call that last used its buffer
+        self.calls = 0
+        self.rows_copied = 0  # context rows copied out of the pool for drafting, cumulative (what tests count)
 
     @property
     def device(self) -> torch.device:
@@ -41,8 +51,35 @@ class SlotContextStore:
         self.pool.keys[:, slots] = rows.keys
         self.pool.values[:, slots] = rows.values
 
-    def gather(self, slots: tuple[torch.Tensor, ...]):
-        return gather_padded(self.pool, slots)
+    def context(self, batch: DraftBatch) -> PaddedContext | RequestContexts:
+        """The batch's context rows: with request ids, each request's buffer extended by its new rows only (a new
+        request's, or one whose slots changed, built once from all of its rows); without, one padded copy of every
+        request's rows."""
+        if not batch.rids:
+            self.rows_copied += sum(s.numel() for s in batch.context_slots)
+            return gather_padded(self.pool, batch.context_slots)
+        self.calls += 1
+        buffers = tuple(self.extended(rid, slots) for rid, slots in zip(batch.rids, batch.context_slots))
+        self.last_call.update((rid, self.calls) for rid in batch.rids)
+        for rid in [r for r, call in self.last_call.items() if self.calls - call > RETAIN_CALLS]:
+            del self.last_call[rid], self.buffers[rid]
+        return RequestContexts(buffers)
+
+    def extended(self, rid: str, slots: torch.Tensor) -> ContextBuffer:
+        buffer = self.buffers.get(rid)
+        if buffer is not None and buffer.extends(slots):
+            if slots.numel() > buffer.length:
+                new = slots[buffer.length:]
+                buffer.append(self.rows(new), new)
+        else:  # a new request, or one whose context changed (retracted, then prefilled again). A new request that
+            # reuses a recent one's id and its very slots in order (a client's own rids, no radix cache) would draft
+            # from the old rows: worse drafts for it, never a different output (every draft is verified)
+            buffer = self.buffers[rid] = ContextBuffer(self.rows(slots), slots, self.drafter.config.query_len)
+        return buffer
+
+    def rows(self, slots: torch.Tensor) -> ContextKV:
+        self.rows_copied += slots.numel()
+        return self.pool.select(slots.long().to(self.device))
 
 
 class LocalDraftClient:
@@ -61,7 +98,7 @@ class LocalDraftClient:
 
     def propose(self, batch: DraftBatch) -> list[DraftTree]:
         device = self.store.device
-        inp = ProposeInput(self.store.gather(batch.context_slots), batch.anchors.to(device),
+        inp = ProposeInput(self.store.context(batch), batch.anchors.to(device),
                            batch.anchor_positions.to(device), batch.sampling, self.generator)
         out = self.proposer.propose(inp)
         self.worker_drafted += sum(out.draft_lengths)

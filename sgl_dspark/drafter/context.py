@@ -1,8 +1,9 @@
-"""Injected context K/V: per-draft-layer key/value rows derived from target features, and their padded batch.
+"""Injected context K/V: per-draft-layer key/value rows derived from target features, their padded batch, and a
+request's own growing buffer of them.
 
 Rows are per token and independent of each other (RoPE already applied at the token's position), so serving can
 store them at the target's KV slot ids and reuse them on a radix-cache prefix hit. Owns only the records and
-pure row operations (concatenate, select, pad); must not compute projections.
+row operations (concatenate, select, pad, append); must not compute projections or attention.
 """
 
 from dataclasses import dataclass
@@ -50,6 +51,65 @@ class PaddedContext:
         """The one-request batch of request i, trimmed to its length."""
         n = int(self.lengths[i])
         return PaddedContext(self.keys[:, i:i + 1, :n], self.values[:, i:i + 1, :n], self.lengths[i:i + 1])
+
+
+class ContextBuffer:
+    """One request's context rows in a buffer of its own [layers, capacity, kv_heads, head_dim], the first `length`
+    real, grown by appending (the capacity doubles when it must grow), with `room` free rows kept after them: a
+    drafting block's keys/values are written there and attention reads the buffer in place. `slots` [length] int64
+    (host) are the target KV slots the rows came from, to tell whether a later context extends this one."""
+
+    def __init__(self, rows: ContextKV, slots: torch.Tensor, room: int) -> None:
+        self.room, self.length = room, 0
+        self.keys = rows.keys.new_empty((rows.keys.shape[0], 0, *rows.keys.shape[2:]))
+        self.values = self.keys.clone()
+        self._slots = torch.empty(0, dtype=torch.long)
+        self.append(rows, slots)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self._slots[:self.length]
+
+    def extends(self, slots: torch.Tensor) -> bool:
+        """Whether a context with these slots [L] is this one's rows followed by more (or the same)."""
+        return slots.numel() >= self.length and torch.equal(slots[:self.length].long(), self.slots)
+
+    def append(self, rows: ContextKV, slots: torch.Tensor) -> None:
+        """rows (with their slots [n]) after the current ones."""
+        end = self.length + rows.length
+        if end + self.room > self.keys.shape[1]:
+            capacity = max(end + self.room, 2 * self.keys.shape[1])
+            self.keys, self.values = (self._grown(t, capacity) for t in (self.keys, self.values))
+            self._slots = torch.cat([self._slots[:self.length], self._slots.new_empty(capacity - self.length)])
+        self.keys[:, self.length:end] = rows.keys
+        self.values[:, self.length:end] = rows.values
+        self._slots[self.length:end] = slots.long().cpu()
+        self.length = end
+
+    def _grown(self, t: torch.Tensor, capacity: int) -> torch.Tensor:
+        out = t.new_empty((t.shape[0], capacity, *t.shape[2:]))
+        out[:, :self.length] = t[:, :self.length]
+        return out
+
+    def with_block(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A block's keys/values [q, kv_heads, d] (q <= room) written after layer `layer`'s rows -> that layer's
+        rows and the block's [length + q, kv_heads, d], views of the buffer (the block's rows are scratch: the next
+        append overwrites them)."""
+        end = self.length + keys.shape[0]
+        self.keys[layer, self.length:end] = keys
+        self.values[layer, self.length:end] = values
+        return self.keys[layer, :end], self.values[layer, :end]
+
+
+@dataclass(frozen=True)
+class RequestContexts:
+    """Per-request context rows, each request's in its own `ContextBuffer` (what serving drafts from)."""
+
+    buffers: tuple[ContextBuffer, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.buffers)
 
 
 def pad_contexts(contexts: list[ContextKV]) -> PaddedContext:

@@ -1,15 +1,21 @@
 """Draft transformer layers (Qwen3-style): RMSNorm, RoPE, attention with injected context K/V, SwiGLU MLP.
 
 Owns the per-layer math of the parallel backbone, including how a layer turns projected target features into its
-context keys/values (its own k_proj/v_proj, k_norm, RoPE at the context positions; values un-normed).
+context keys/values (its own k_proj/v_proj, k_norm, RoPE at the context positions; values un-normed) and how block rows
+attend over them: a padded batch (`PaddedKV`), or each request's own buffer in place (`BufferedKV`).
 Must not know about checkpoints, sampling or the sequential heads.
 """
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sgl_dspark.drafter.config import DrafterConfig
+from sgl_dspark.drafter.context import ContextBuffer
 
 
 class RMSNorm(nn.Module):
@@ -45,6 +51,11 @@ class Rotary(nn.Module):
         return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
+class LayerContext(Protocol):
+    def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gqa: bool) -> torch.Tensor:
+        """queries [B, q, heads, d], the block's own keys/values [B, q, kv_heads, d] -> [B, q, heads, d]."""
+
+
 class DraftAttention(nn.Module):
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
@@ -64,24 +75,58 @@ class DraftAttention(nn.Module):
         keys = rotary(self.k_norm(self.k_proj(x).view(shape)), positions)
         return keys, self.v_proj(x).view(shape)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, ctx_valid: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Block rows attend to all valid context rows and to every block row (bidirectional).
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, context: LayerContext) -> torch.Tensor:
+        """Block rows attend to the request's context rows and to every block row (bidirectional).
 
-        x [B, q, H], positions [B, q], ctx_k/ctx_v [B, S, kv_heads, head_dim], ctx_valid [B, S] bool -> [B, q, H].
-        `mask` [B, 1, q, S+q] bool, when given, replaces that rule (training packs many blocks into one row).
+        x [B, q, H], positions [B, q], context: this layer's context K/V (`PaddedKV` or `BufferedKV`) -> [B, q, H].
         """
         b, q, _ = x.shape
         queries = rotary(self.q_norm(self.q_proj(x).view(b, q, self.num_heads, self.head_dim)), positions)
         keys, values = self.keys_values(x, positions, rotary)
-        keys = torch.cat([ctx_k.to(keys.dtype), keys], dim=1).transpose(1, 2)  # [B, kv_heads, S+q, d]
-        values = torch.cat([ctx_v.to(values.dtype), values], dim=1).transpose(1, 2)
+        out = context.attend(queries, keys, values, self.num_heads != self.num_kv_heads)  # [B, q, heads, d]
+        return self.o_proj(out.reshape(b, q, self.num_heads * self.head_dim))
+
+
+@dataclass(frozen=True)
+class PaddedKV:
+    """One layer's context rows as a padded batch [B, S, kv_heads, d]: block rows see the valid ones (`valid` [B, S]
+    bool) and every block row, or, when `mask` [B, 1, q, S + q] bool is given, what it allows (training packs many
+    blocks into one row)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    valid: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gqa: bool) -> torch.Tensor:
+        b, q = queries.shape[:2]
+        keys = torch.cat([self.keys.to(keys.dtype), keys], dim=1).transpose(1, 2)  # [B, kv_heads, S+q, d]
+        values = torch.cat([self.values.to(values.dtype), values], dim=1).transpose(1, 2)
+        mask = self.mask
         if mask is None:
-            valid = torch.cat([ctx_valid, ctx_valid.new_ones(b, q)], dim=1)  # [B, S+q]
+            valid = torch.cat([self.valid, self.valid.new_ones(b, q)], dim=1)  # [B, S+q]
             mask = valid[:, None, None, :].expand(b, 1, q, valid.shape[1])
-        out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q, self.num_heads * self.head_dim))
+        out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class BufferedKV:
+    """One layer's context as each request's own buffer (`ContextBuffer`): the block's keys/values go into the free
+    rows after the request's context and attention reads the buffer's first length + q rows where they are (no
+    padded copy of the context)."""
+
+    buffers: Sequence[ContextBuffer]
+    layer: int
+
+    def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gqa: bool) -> torch.Tensor:
+        out = []
+        for i, buffer in enumerate(self.buffers):
+            k, v = buffer.with_block(self.layer, keys[i], values[i])  # [n + q, kv_heads, d] views
+            one = F.scaled_dot_product_attention(queries[i].transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                 v.transpose(0, 1)[None], enable_gqa=gqa)  # [1, heads, q, d]
+            out.append(one[0].transpose(0, 1))
+        return torch.stack(out)
 
 
 class MLP(nn.Module):
@@ -106,7 +151,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, ctx_valid: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx_k, ctx_v, ctx_valid, mask)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, context: LayerContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, context)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl_dspark.drafter.config import DrafterConfig
-from sgl_dspark.drafter.context import ContextKV, PaddedContext
+from sgl_dspark.drafter.context import ContextKV, PaddedContext, RequestContexts
 from sgl_dspark.drafter.heads import ConfidenceHead, MarkovHead, build_markov_head
-from sgl_dspark.drafter.layers import DecoderLayer, RMSNorm, Rotary
+from sgl_dspark.drafter.layers import BufferedKV, DecoderLayer, PaddedKV, RMSNorm, Rotary
 
 
 @dataclass(frozen=True)
@@ -118,16 +118,21 @@ class DSparkDrafter(nn.Module):
         ids[:, 0] = anchors
         return ids
 
-    def block_hidden(self, context: PaddedContext, anchors: torch.Tensor,
+    def block_hidden(self, context: PaddedContext | RequestContexts, anchors: torch.Tensor,
                      anchor_positions: torch.Tensor) -> torch.Tensor:
-        """One parallel pass. context: per-request K/V; anchors [B]; anchor_positions [B] (the anchor's own
-        position, one past the last context token) -> final-normed hidden h_1..h_gamma [B, gamma, H]."""
+        """One parallel pass. context: per-request K/V (padded, or each request's own buffer); anchors [B];
+        anchor_positions [B] (the anchor's own position, one past the last context token) -> final-normed hidden
+        h_1..h_gamma [B, gamma, H]."""
         ids = self.block_ids(anchors.long())
         x = F.embedding(ids, self.target.embed).to(self.dtype)  # [B, q, H]
         positions = anchor_positions.long()[:, None] + torch.arange(ids.shape[1], device=ids.device)
-        valid = context.valid()
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rotary, context.keys[i], context.values[i], valid)
+        if isinstance(context, PaddedContext):
+            valid = context.valid()
+            kvs = [PaddedKV(context.keys[i], context.values[i], valid) for i in range(len(self.layers))]
+        else:
+            kvs = [BufferedKV(context.buffers, i) for i in range(len(self.layers))]
+        for layer, kv in zip(self.layers, kvs):
+            x = layer(x, positions, self.rotary, kv)
         x = self.norm(x)
         return x if self.config.sample_from_anchor else x[:, 1:]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_dspark.drafter.context import PaddedContext
+from sgl_dspark.drafter.context import PaddedContext, RequestContexts
 from sgl_dspark.drafter.knobs import DraftKnobs
 from sgl_dspark.drafter.model import DSparkDrafter
 from sgl_dspark.drafter.sequential import grow_trees
@@ -23,7 +23,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @dataclass(frozen=True)
 class ProposeInput:
-    context: PaddedContext  # per-request context K/V rows (tokens before each anchor)
+    context: PaddedContext | RequestContexts  # per-request context K/V rows (tokens before each anchor)
     anchors: torch.Tensor  # [B] int64, the last token the target produced
     anchor_positions: torch.Tensor  # [B] int64, the anchor's position (= context length when uncached rows exist)
     sampling: tuple[SamplingParams, ...] = ()  # one per request; empty: greedy for all

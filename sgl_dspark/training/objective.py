@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sgl_dspark.drafter.layers import PaddedKV
 from sgl_dspark.drafter.model import DSparkDrafter
 
 
@@ -79,7 +80,7 @@ def packed_block_hidden(drafter: DSparkDrafter, features: torch.Tensor, ids: tor
     x = x.reshape(1, b * q, -1)
     positions = (anchors[:, None] + torch.arange(q, device=ids.device)).reshape(1, b * q)
     for i, layer in enumerate(drafter.layers):
-        x = layer(x, positions, drafter.rotary, ctx.keys[i][None], ctx.values[i][None], None, mask)
+        x = layer(x, positions, drafter.rotary, PaddedKV(ctx.keys[i][None], ctx.values[i][None], mask=mask))
     x = drafter.norm(x).view(b, q, -1)
     return x if drafter.config.sample_from_anchor else x[:, 1:]
 

@@ -22,6 +22,9 @@ def test_the_step_decodes_what_plain_decoding_does(preset, knobs):
     run = decode(knobs, preset)
     assert run.outputs == plain_outputs()
     assert run.accepted_drafts > 0 and not run.faults
+    # the drafter's context grows by the committed rows only: after the first draft (every prompt row), each step
+    # copies out of the pool just what the step before it committed
+    assert run.copied[0] == sum(len(p) - 1 for p in PROMPTS) and run.copied[1:] == run.committed[:-1]
     if knobs.get("lookup"):
         assert run.lookup_tokens > 0
     if preset == "tree":

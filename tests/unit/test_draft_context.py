@@ -1,0 +1,100 @@
+"""The in-process drafter's context (sgl_dspark.draft_worker.local.SlotContextStore and
+sgl_dspark.drafter.context.ContextBuffer): with request ids, each request drafts from a buffer of its own that grows
+by the rows written since its last draft only, and drafts what one padded copy of all its rows drafts."""
+
+import torch
+
+from fixture_drafters import tiny_hf_config
+from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
+from sgl_dspark.draft_worker.local import RETAIN_CALLS, LocalDraftClient
+from sgl_dspark.drafter import DraftKnobs
+from sgl_dspark.drafter.context import ContextBuffer, ContextKV
+from sgl_dspark.drafter.fresh import random_drafter
+from sgl_dspark.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+DRAFTER, _ = random_drafter(tiny_hf_config(), seed=3)
+SLOTS = torch.randperm(256, generator=torch.Generator().manual_seed(1))  # request b's position p -> SLOTS[64 b + p]
+
+
+def features(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, 64, generator=torch.Generator().manual_seed(seed))
+
+
+def slots(b: int, n: int) -> torch.Tensor:
+    return SLOTS[64 * b:64 * b + n]
+
+
+def decode(rids: bool, steps: int = 6) -> tuple[list[list], list[int]]:
+    """Two requests (contexts of 5 and 9 rows) drafted `steps` times, 1-3 rows committed to each after every draft
+    -> (each step's trees, context rows copied out of the pool at each step)."""
+    client = LocalDraftClient(DRAFTER, DraftKnobs(), 256, seed=0)
+    lengths = [5, 9]
+    for b, n in enumerate(lengths):
+        client.write_context(ContextUpdate(slots(b, n), torch.arange(n), features(n, b)))
+    trees, copied = [], []
+    for step in range(steps):
+        batch = DraftBatch(tuple(slots(b, n) for b, n in enumerate(lengths)), torch.tensor([3 + step, 7]),
+                           torch.tensor(lengths), (GREEDY, GREEDY), ("a", "b") if rids else ())
+        before = client.store.rows_copied
+        trees.append(client.propose(batch))
+        copied.append(client.store.rows_copied - before)
+        for b in range(2):  # the commit: the accepted rows' features at their slots
+            k = 1 + (step + b) % 3
+            new = torch.arange(lengths[b], lengths[b] + k)
+            client.write_context(ContextUpdate(slots(b, lengths[b] + k)[-k:], new, features(k, 100 * step + b)))
+            lengths[b] += k
+    return trees, copied
+
+
+def test_buffers_draft_what_the_padded_copy_drafts_and_copy_only_new_rows():
+    buffered, copied = decode(rids=True)
+    padded, copied_all = decode(rids=False)
+    for mine, theirs in zip(buffered, padded):
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+            torch.testing.assert_close(a.confidence, b.confidence, rtol=1e-5, atol=1e-6)
+    committed = [sum(1 + (step + b) % 3 for b in range(2)) for step in range(5)]
+    assert copied == [5 + 9, *committed]  # every row once: the first draft's, then each commit's
+    assert copied_all == [5 + 9 + sum(committed[:i]) for i in range(6)]  # every row, every step
+
+
+def test_a_changed_context_is_copied_again_and_idle_buffers_are_dropped():
+    client = LocalDraftClient(DRAFTER, DraftKnobs(), 256, seed=0)
+    client.write_context(ContextUpdate(SLOTS[:40], torch.arange(40) % 20, features(40, 0)))
+
+    def draft(rid: str, context: torch.Tensor) -> int:
+        before = client.store.rows_copied
+        client.propose(DraftBatch((context,), torch.tensor([1]), torch.tensor([context.numel()]), (GREEDY,), (rid,)))
+        return client.store.rows_copied - before
+
+    assert draft("a", SLOTS[:6]) == 6
+    assert draft("a", SLOTS[:8]) == 2  # extended: the two new rows
+    assert draft("a", SLOTS[:8]) == 0
+    assert draft("a", SLOTS[20:28]) == 8  # other slots (retracted, prefilled again): all of them again
+    assert draft("a", SLOTS[20:25]) == 5  # shorter than the buffer: not an extension
+    for _ in range(RETAIN_CALLS):
+        draft("b", SLOTS[30:32])
+    assert "a" in client.store.buffers
+    draft("b", SLOTS[30:32])
+    assert "a" not in client.store.buffers and "b" in client.store.buffers
+
+
+def test_context_buffer_appends_grows_and_takes_the_block_after_its_rows():
+    def rows(n: int, start: float) -> ContextKV:
+        keys = start + torch.arange(n * 2 * 2 * 3, dtype=torch.float32).view(2, n, 2, 3)
+        return ContextKV(keys, -keys)
+
+    buffer = ContextBuffer(rows(3, 0.0), torch.tensor([7, 1, 4]), room=2)
+    assert buffer.keys.shape[1] == 5 and buffer.length == 3
+    buffer.append(rows(1, 100.0), torch.tensor([9]))
+    assert buffer.keys.shape[1] == 10 and buffer.slots.tolist() == [7, 1, 4, 9]  # doubled: 4 rows + 2 of room > 5
+    assert torch.equal(buffer.keys[:, :3], rows(3, 0.0).keys)
+    assert torch.equal(buffer.values[:, 3], -rows(1, 100.0).keys[:, 0])
+    assert buffer.extends(torch.tensor([7, 1, 4, 9, 2])) and buffer.extends(torch.tensor([7, 1, 4, 9]))
+    assert not buffer.extends(torch.tensor([7, 1, 4])) and not buffer.extends(torch.tensor([7, 1, 5, 9]))
+    block = torch.full((2, 2, 3), 0.5)
+    k, v = buffer.with_block(1, block, -block)
+    assert k.shape == (6, 2, 3) and torch.equal(k[4:], block) and torch.equal(v[4:], -block)
+    assert torch.equal(k[:4], buffer.keys[1, :4]) and k.data_ptr() == buffer.keys[1].data_ptr()  # a view: no copy
+    assert buffer.length == 4  # the block's rows are scratch
