@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.serving_report import PHASES, REST, Summary  # noqa: E402
+from benchmarks.serving_report import BASELINE, PHASES, REST, Summary  # noqa: E402
 
 
 def median(s: Summary, key: str) -> float | None:
@@ -78,8 +78,9 @@ def plot_verify_budget(summaries: list[Summary], path: Path) -> None:
 
 
 def plot_step_breakdown(summaries: list[Summary], path: Path) -> None:
-    """Stacked ms per decode step for each DSPARK (config, concurrency); draft includes IPC and planning."""
-    fig, pairs = panels(summaries, "DSPARK time per decode step (draft = drafter + IPC + plan; "
+    """Stacked ms per decode step for each DSPARK (config, concurrency); draft includes IPC and planning. A dashed
+    line over each bar marks plain decoding's step at that concurrency (its median TPOT), when it was measured."""
+    fig, pairs = panels(summaries, "DSPARK ms per decode step against plain's\n(draft = drafter + IPC + plan; "
                                    "rest = accept_len x TPOT - phases: SGLang scheduling, output)")
     for ax, (dataset, group) in pairs:
         rows = [s for s in group if any(f"step_ms.{p}" in s.stats for p in PHASES)]
@@ -89,6 +90,11 @@ def plot_step_breakdown(summaries: list[Summary], path: Path) -> None:
             heights = [median(s, f"step_ms.{phase}") or 0.0 for s in rows]
             ax.bar(labels, heights, bottom=bottom, label=phase)
             bottom = [b + h for b, h in zip(bottom, heights)]
+        plain = {s.concurrency: median(s, "tpot_p50_ms") for s in group if s.config == BASELINE}
+        steps = [(i, plain.get(s.concurrency)) for i, s in enumerate(rows) if plain.get(s.concurrency)]
+        for n, (i, ms) in enumerate(steps):
+            ax.plot([i - 0.4, i + 0.4], [ms, ms], color="black", linestyle="--",
+                    label=f"{BASELINE}: one step (TPOT)" if n == 0 else None)
         ax.set(title=dataset, ylabel="ms per step")
         ax.tick_params(axis="x", labelsize=7)
     save(fig, path)
