@@ -81,7 +81,10 @@ class StepCosts:
         """Plain SGLang's decode step of `requests` requests: this server's step without drafts, with plain's GEMM
         kernel in place of the one its target runs on (what the packed kernel saves or costs at that many rows)."""
         own = float(self.seconds(torch.zeros(1), torch.tensor([float(requests)]), requests)[0])
-        return own if self.kernels is None else own + self.kernels.saved(requests)
+        if self.kernels is None:
+            return own
+        # never less than plain's GEMM pass alone (the refitted table may drift below the start-up timing)
+        return max(own + self.kernels.saved(requests), self.kernels.plain.cost(requests))
 
     def besides_verify(self, drafted: int, requests: int) -> tuple[float, float]:
         """(seconds, seconds per batch token) the step costs besides the verify forward once `drafted` requests

@@ -87,6 +87,8 @@ def test_the_baseline_is_the_faster_of_this_servers_floor_and_plain_sglangs_step
     assert choose([Outlook(0.5, 2.0)], plain_fast, margin=0.0).predicted_gain == pytest.approx(1.5 / 1.2 * 0.9)
     assert choose([Outlook(0.25, 2.0)], plain_slow, margin=0.0).speculate.tolist() == [True]
     assert initial_costs(FLAT, faster).kernels is faster
+    slow_pass = KernelTimes(StepCostTable((1,), (2.0,)), StepCostTable((1,), (1.5,)))  # more than the whole step
+    assert replace(costs(), kernels=slow_pass).plain_seconds(1) == pytest.approx(2.0)  # at least plain's pass
 
 
 def test_new_requests_and_probe_steps_speculate_regardless():
