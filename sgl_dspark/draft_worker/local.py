@@ -17,8 +17,8 @@ from sgl_dspark.drafter.context import ContextBuffer, PaddedContext, RequestCont
 from sgl_dspark.tree import DraftTree
 
 
-RETAIN_CALLS = 32  # a request's context buffer is dropped once this many drafting calls went by without it (the
-# gate makes every request draft at least every 16 steps)
+RETAIN_CALLS = 17  # a request's context buffer is dropped once this many drafting calls went by without it (the
+# gate makes every request draft at least every 16 steps: sgl_dspark.gate.PROBE_EVERY)
 
 
 class SlotContextStore:

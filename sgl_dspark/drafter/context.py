@@ -53,9 +53,13 @@ class PaddedContext:
         return PaddedContext(self.keys[:, i:i + 1, :n], self.values[:, i:i + 1, :n], self.lengths[i:i + 1])
 
 
+HEADROOM = 128  # rows a ContextBuffer grows by at least (a request commits a few rows a step: one copy per ~50 steps)
+
+
 class ContextBuffer:
     """One request's context rows in a buffer of its own [layers, capacity, kv_heads, head_dim], the first `length`
-    real, grown by appending (the capacity doubles when it must grow), with `room` free rows kept after them: a
+    real, grown by appending (by a quarter of its rows, at least HEADROOM, when it must grow), with `room` free rows
+    kept after them: a
     drafting block's keys/values are written there and attention reads the buffer in place. `slots` [length] int64
     (host) are the target KV slots the rows came from, to tell whether a later context extends this one."""
 
@@ -78,7 +82,7 @@ class ContextBuffer:
         """rows (with their slots [n]) after the current ones."""
         end = self.length + rows.length
         if end + self.room > self.keys.shape[1]:
-            capacity = max(end + self.room, 2 * self.keys.shape[1])
+            capacity = end + self.room + max(HEADROOM, end // 4)
             self.keys, self.values = (self._grown(t, capacity) for t in (self.keys, self.values))
             self._slots = torch.cat([self._slots[:self.length], self._slots.new_empty(capacity - self.length)])
         self.keys[:, self.length:end] = rows.keys

@@ -8,7 +8,7 @@ from fixture_drafters import tiny_hf_config
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch
 from sgl_dspark.draft_worker.local import RETAIN_CALLS, LocalDraftClient
 from sgl_dspark.drafter import DraftKnobs
-from sgl_dspark.drafter.context import ContextBuffer, ContextKV
+from sgl_dspark.drafter.context import HEADROOM, ContextBuffer, ContextKV
 from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.sampling import SamplingParams
 
@@ -86,9 +86,15 @@ def test_context_buffer_appends_grows_and_takes_the_block_after_its_rows():
         return ContextKV(keys, -keys)
 
     buffer = ContextBuffer(rows(3, 0.0), torch.tensor([7, 1, 4]), room=2)
-    assert buffer.keys.shape[1] == 5 and buffer.length == 3
+    assert buffer.keys.shape[1] == 3 + 2 + HEADROOM and buffer.length == 3
+    buffer.append(rows(HEADROOM + 1, 100.0), torch.arange(HEADROOM + 1))  # one row more than fits: it grows
+    end = 3 + HEADROOM + 1
+    assert buffer.keys.shape[1] == end + 2 + max(HEADROOM, end // 4)
+    assert buffer.slots.tolist() == [7, 1, 4, *range(HEADROOM + 1)]
+    assert torch.equal(buffer.keys[:, :3], rows(3, 0.0).keys)  # the rows before survive the growth
+    buffer = ContextBuffer(rows(3, 0.0), torch.tensor([7, 1, 4]), room=2)
     buffer.append(rows(1, 100.0), torch.tensor([9]))
-    assert buffer.keys.shape[1] == 10 and buffer.slots.tolist() == [7, 1, 4, 9]  # doubled: 4 rows + 2 of room > 5
+    assert buffer.keys.shape[1] == 3 + 2 + HEADROOM and buffer.slots.tolist() == [7, 1, 4, 9]  # within its headroom
     assert torch.equal(buffer.keys[:, :3], rows(3, 0.0).keys)
     assert torch.equal(buffer.values[:, 3], -rows(1, 100.0).keys[:, 0])
     assert buffer.extends(torch.tensor([7, 1, 4, 9, 2])) and buffer.extends(torch.tensor([7, 1, 4, 9]))
