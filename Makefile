@@ -50,8 +50,8 @@ lint: install
 
 # The unit tests (no server; one core at a time but for the served-law test) run beside the integration tests, whose
 # servers leave the second core mostly idle, at a lower priority (nice): the integration tests are the longer lane, so
-# the unit tests take only the time their servers leave; their report follows the integration one. The default model is prepared
-# first so that the two runs never convert it at once.
+# the unit tests take only the time their servers leave; their report follows the integration one. The default model
+# is prepared first so that the two runs never convert it at once.
 UNIT_LOG := $(VENV)/unit-tests.log
 test: lint
 	$(PY) -m sgl_dspark.tools.models prepare > /dev/null

@@ -352,10 +352,16 @@ def run_client(argv: list[str], log: Path) -> dict:
             bench_serving.cli_main()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 -- reported with the log that explains it
             raise RuntimeError(f"bench_serving failed ({exc!r}); see {log}") from exc
-    result = json.loads(out.read_text().splitlines()[-1]) if out.is_file() else {}
+    result = last_record(out)
     if result.get("completed", 0) == 0:
         raise RuntimeError(f"bench_serving completed no request; see {log}")
     return result
+
+
+def last_record(path: Path) -> dict:
+    """The last line of a client's --output-file (its result, with --output-details the outputs too); {} if none."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return json.loads(lines[-1]) if lines else {}
 
 
 def measurement(result: dict, before: dict, after: dict, facts: ServerFacts, log_part: str, rss: int) -> Measurement:
@@ -491,9 +497,8 @@ def with_identity(cells: list[Cell], work_dir: Path, model_path: str) -> list[Ce
     encode = AutoTokenizer.from_pretrained(model_path).encode
 
     def texts(c: Cell) -> list[str] | None:
-        path = work_dir / f"{c.config}-{c.dataset}-c{c.concurrency}-r{c.repeat}.jsonl"
-        lines = path.read_text().splitlines() if path.is_file() else []
-        return json.loads(lines[-1]).get("generated_texts") if lines else None
+        return last_record(work_dir / f"{c.config}-{c.dataset}-c{c.concurrency}-r{c.repeat}.jsonl").get(
+            "generated_texts")
 
     base = {(c.dataset, c.concurrency, c.repeat): texts(c) for c in cells if c.config == BASELINE}
     out = []

@@ -63,16 +63,22 @@ def pack_target(model: nn.Module, lm_head: nn.Module | None, time_rows: tuple[in
         if time_rows and timed_bytes < TIMED_BYTES:
             timed.append((module, is_head))
             timed_bytes += size
-        elif not is_head:
-            module.weight.data = weight.data.new_empty(0)
+        else:
+            drop_original(module, is_head)
     kernels = None
     if timed:
         kernels = time_kernels([(m.weight, vars(m)[PACKED]) for m, _ in timed], time_rows)
         kernels = kernels.scaled((freed + added) / timed_bytes)
         for module, is_head in timed:
-            if not is_head:
-                module.weight.data = module.weight.data.new_empty(0)
+            drop_original(module, is_head)
     return PackReport(layers, freed, added, kernels)
+
+
+def drop_original(module: nn.Module, is_head: bool) -> None:
+    """A packed linear layer's original weight is released; the LM head keeps its table (it may be the tied
+    embedding, which looks rows up)."""
+    if not is_head:
+        module.weight.data = module.weight.data.new_empty(0)
 
 
 def _packed_linear(original, self, layer, x, bias=None):

@@ -59,9 +59,9 @@ HEADROOM = 128  # rows a ContextBuffer grows by at least (a request commits a fe
 class ContextBuffer:
     """One request's context rows in a buffer of its own [layers, capacity, kv_heads, head_dim], the first `length`
     real, grown by appending (by a quarter of its rows, at least HEADROOM, when it must grow), with `room` free rows
-    kept after them: a
-    drafting block's keys/values are written there and attention reads the buffer in place. `slots` [length] int64
-    (host) are the target KV slots the rows came from, to tell whether a later context extends this one."""
+    kept after them: a drafting block's keys/values are written there and attention reads the buffer in place.
+    `slots` [length] int64 (host) are the target KV slots the rows came from, to tell whether a later context
+    extends this one."""
 
     def __init__(self, rows: ContextKV, slots: torch.Tensor, room: int) -> None:
         self.room, self.length = room, 0
