@@ -109,9 +109,14 @@ def sharegpt_prompts(limit: int, seed: int, max_chars: int) -> list[str]:
     return random.Random(seed).sample(prompts, min(limit, len(prompts)))
 
 
+def eval_conversations(name: str) -> list[list[str]]:
+    """The conversations (user turns) of one of ../shared/data/eval's prompt sets."""
+    return [json.loads(line)["turns"] for line in (EVAL_DIR / f"{name}.jsonl").read_text().splitlines() if line]
+
+
 def eval_turns(name: str) -> list[str]:
     """The first turns of one of ../shared/data/eval's prompt sets."""
-    return [json.loads(line)["turns"][0] for line in (EVAL_DIR / f"{name}.jsonl").read_text().splitlines() if line]
+    return [turns[0] for turns in eval_conversations(name)]
 
 
 def code_prompts(limit: int) -> list[str]:
@@ -171,8 +176,7 @@ def multiturn_prompts(limit: int, model_path: str, max_new_tokens: int, cache: P
     """MT-Bench's second turns in context: a fixed system prompt, the first turn, the target's own greedy answer to
     it, then the second turn (which mostly asks to rework that answer), rendered with the target's chat template."""
     from transformers import AutoTokenizer
-    turns = [json.loads(line)["turns"] for line in (EVAL_DIR / "mt-bench.jsonl").read_text().splitlines() if line]
-    turns = [t for t in turns if len(t) >= 2][:limit]
+    turns = [t for t in eval_conversations("mt-bench") if len(t) >= 2][:limit]
     answers = target_answers(model_path, [t[0] for t in turns], max_new_tokens, cache)
     tok = AutoTokenizer.from_pretrained(model_path)
     return [tok.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": t[0]},

@@ -83,16 +83,17 @@ class ContextBuffer:
         end = self.length + rows.length
         if end + self.room > self.keys.shape[1]:
             capacity = end + self.room + max(HEADROOM, end // 4)
-            self.keys, self.values = (self._grown(t, capacity) for t in (self.keys, self.values))
-            self._slots = torch.cat([self._slots[:self.length], self._slots.new_empty(capacity - self.length)])
+            self.keys, self.values = (self._grown(t, capacity, 1) for t in (self.keys, self.values))
+            self._slots = self._grown(self._slots, capacity, 0)
         self.keys[:, self.length:end] = rows.keys
         self.values[:, self.length:end] = rows.values
         self._slots[self.length:end] = slots.long().cpu()
         self.length = end
 
-    def _grown(self, t: torch.Tensor, capacity: int) -> torch.Tensor:
-        out = t.new_empty((t.shape[0], capacity, *t.shape[2:]))
-        out[:, :self.length] = t[:, :self.length]
+    def _grown(self, t: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:
+        """t with room for `capacity` rows along `dim`, its first `length` rows copied."""
+        out = t.new_empty((*t.shape[:dim], capacity, *t.shape[dim + 1:]))
+        out.narrow(dim, 0, self.length).copy_(t.narrow(dim, 0, self.length))
         return out
 
     def with_block(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
