@@ -62,8 +62,8 @@ class DraftBatch:
     anchors: torch.Tensor  # [B] int64
     anchor_positions: torch.Tensor  # [B] int64
     sampling: tuple[SamplingParams, ...]  # one per request (or empty: all greedy)
-    rids: tuple[str, ...] = ()  # request ids (or empty): an in-process drafter then keeps each request's context in a
-    # buffer of its own, extended by new rows only (sgl_dspark.draft_worker.local.SlotContextStore)
+    rids: tuple[str, ...] = ()  # request ids (or empty): the drafter (in process or in the worker) then keeps each
+    # request's context in a buffer of its own, extended by new rows only (draft_worker.local.SlotContextStore)
 
     def select(self, rows: list[int]) -> "DraftBatch":
         index = torch.tensor(rows, dtype=torch.long)

@@ -61,6 +61,8 @@ class Propose(_Message):
     sampling: tuple[SamplingParams, ...]  # [B]
     reply_arena: str  # arena the worker writes the Proposed tensors into (a new path once it grew)
     ahead: bool = False  # answer Ack at once, then draft; the next Propose reuses those trees where keys match
+    rids: tuple[str, ...] = ()  # [B] request ids (or empty): the worker keeps each request's context rows in a
+    # buffer of its own and copies only new rows (DraftBatch.rids)
 
 
 class Proposed(_Message):
@@ -74,6 +76,7 @@ class Proposed(_Message):
     draft_probs: TensorRef | None  # [sum of sizes[i] where has_probs[i], V] float32
     ahead: int = 0  # trees that were drafted ahead (while the caller worked)
     drafted_total: int = 0  # draft nodes (anchors excluded) this worker produced since it started
+    rows_copied_total: int = 0  # context rows this worker copied out of its slot store since it started
 
 
 class Ping(_Message):

@@ -126,10 +126,10 @@ class Worker:
         self.arena(message.reply_arena)  # a path that is not the client's is refused before any drafting
         slots = self.view(message.context_slots).split(list(message.context_lengths))
         batch = DraftBatch(tuple(slots), self.view(message.anchors), self.view(message.anchor_positions),
-                           message.sampling)
+                           message.sampling, message.rids)
         if message.ahead:  # copies: the arena holds the client's next request by the time we draft
             self.ahead = DraftBatch(tuple(s.clone() for s in batch.context_slots), batch.anchors.clone(),
-                                    batch.anchor_positions.clone(), batch.sampling)
+                                    batch.anchor_positions.clone(), batch.sampling, batch.rids)
             return Ack()
         drafted, self.drafted = self.drafted, {}
         if not drafted:  # nothing drafted ahead (the default): no keys to compare, no sub-batch to build
@@ -162,7 +162,7 @@ class Worker:
         probs = [t.draft_probs for t in trees if t.draft_probs is not None]
         return Proposed(tuple(t.size for t in trees), tuple(t.draft_probs is not None for t in trees), tokens,
                         parents, confidence, arena.put(torch.cat(probs)) if probs else None, ahead,
-                        self.engine.worker_drafted)
+                        self.engine.worker_drafted, self.engine.store.rows_copied)
 
     def ping(self, message: Ping) -> Pong:
         return Pong(os.getpid())

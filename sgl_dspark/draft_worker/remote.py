@@ -158,6 +158,7 @@ class ProcessDraftClient:
         self._owns_run_dir = settings.run_dir is None
         self.ledger = SlotLedger(settings.num_slots)
         self._generation, self._failures, self._drafted = 0, 0, 0
+        self.rows_copied = 0  # context rows the current worker copied out of its slot store, as it last reported
         self._starts = 0  # worker processes started: each draws from a stream of its own
         self.ahead_hits = 0
         self._lock, self._closing = threading.Lock(), threading.Event()
@@ -263,7 +264,8 @@ class ProcessDraftClient:
             slots, anchors, positions = self.requests.put_all([torch.cat(batch.context_slots), batch.anchors,
                                                                batch.anchor_positions])
             self.replies.ensure(reply_bytes(len(lengths), ready.max_tree_size, ready.probs_width))
-        message = Propose(slots, lengths, anchors, positions, tuple(batch.sampling), self.replies.path, ahead)
+        message = Propose(slots, lengths, anchors, positions, tuple(batch.sampling), self.replies.path, ahead,
+                          batch.rids)
         if ahead:
             self._call(message, self.settings.write_timeout_s, Ack)
             return []
@@ -271,7 +273,7 @@ class ProcessDraftClient:
         reply, trees = self._call(message, self.settings.propose_timeout_s, Proposed,
                                   lambda r: (r, unpack(r, self.replies, limits)))
         self.ahead_hits += reply.ahead
-        self._drafted = reply.drafted_total
+        self._drafted, self.rows_copied = reply.drafted_total, reply.rows_copied_total
         return trees
 
     def _call(self, message: Message, timeout_s: float, expect: type, read: Callable | None = None):
@@ -319,7 +321,7 @@ class ProcessDraftClient:
                                              f"failed", "dead")
             if pending is None:
                 raise DraftWorkerUnavailable("draft worker is restarting", "restarting")
-            self._handle, self._generation, self._drafted = pending, self._generation + 1, 0
+            self._handle, self._generation, self._drafted, self.rows_copied = pending, self._generation + 1, 0, 0
             self.ledger.clear()
             logger.info("draft worker restarted (pid %d, generation %d); drafting from context written from now on",
                         pending.pid, self._generation)

@@ -13,8 +13,10 @@ import sys
 import tempfile
 import textwrap
 import time
+import uuid
 
 import msgspec
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -93,10 +95,13 @@ def context(lengths=(5, 3, 7), seed=0):
     return updates
 
 
-def batch(updates, sampling, anchors=(7, 11, 23)):
+def batch(updates, sampling, anchors=(7, 11, 23), rids=""):
+    """rids: a prefix of request ids (each request's context then kept in a buffer of its own on the drafting
+    side); empty: no ids."""
     n = len(updates)
     return DraftBatch(tuple(u.slots for u in updates), torch.tensor(anchors[:n]),
-                      torch.tensor([u.slots.numel() for u in updates]), sampling[:n])
+                      torch.tensor([u.slots.numel() for u in updates]), sampling[:n],
+                      tuple(f"{rids}{i}" for i in range(n)) if rids else ())
 
 
 def assert_same_trees(got, want):
@@ -188,15 +193,29 @@ def test_load_target_weights_tied_and_untied(tmp_path):
     assert torch.equal(untied.lm_head, head.bfloat16()) and untied.embed.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("sampling", [(GREEDY, GREEDY, GREEDY), (WARM, GREEDY, TOPK)], ids=["greedy", "sampled"])
-def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling):
+@pytest.mark.parametrize(("sampling", "rids"), [((GREEDY, GREEDY, GREEDY), False), ((WARM, GREEDY, TOPK), False),
+                                               ((GREEDY, GREEDY, GREEDY), True)],
+                         ids=["greedy", "sampled", "greedy-buffered"])  # one sampled case: the worker's stream
+# (module-scoped) and a fresh local one agree only until one of them samples
+def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling, rids):
     local = local_client(folders)
     for u in context():
         local.write_context(u)
         remote.write_context(u)
-    b = batch(context(), sampling)
+    rids = uuid.uuid4().hex if rids else ""  # the worker (module-scoped) outlives a test: ids of this test's own
+    copied = remote.rows_copied
+    b = batch(context(), sampling, rids=rids)
     for _ in range(2):  # the second step checks that both generators advanced alike
         assert_same_trees(remote.propose(b), local.propose(b))
+    grown = [ContextUpdate(u.slots[-1:] + 1, u.positions[-1:] + 1, u.features[-1:]) for u in context()]
+    for u in grown:  # a step later: one more context row each (buffers take just that row)
+        local.write_context(u)
+        remote.write_context(u)
+    later = batch([ContextUpdate(torch.cat([u.slots, g.slots]), None, None) for u, g in zip(context(), grown)],
+                  sampling, rids=rids)
+    assert_same_trees(remote.propose(later), local.propose(later))
+    rows = sum(len(u.slots) for u in context())
+    assert remote.rows_copied - copied == local.store.rows_copied == (rows + 3 if rids else 2 * rows + rows + 3)
     initial = arena_sizes(remote.settings)
     assert remote.requests.arena.size > initial[0] and remote.replies.arena.size > initial[1]  # both grew
     assert remote.generation == 0 and remote.stale_requests(b) == []
