@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # [out, in] of one layer: qkv, o, gate_up, down
+from benchmarks.gemm import SHAPES  # [out, in] of one decoder layer: qkv, o, gate_up, down
+
 LAYERS = 30
 DECODE_ROWS = {"c1": (1, 17), "c16": (16, 150)}  # rows of a decode step (1 + verified drafts per request)
 

@@ -14,11 +14,12 @@ import torch
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftBatch, DraftWorkerUnavailable
 from sgl_dspark.drafter import ContextKV, DraftKnobs, DSparkDrafter, Proposer, ProposeInput
 from sgl_dspark.drafter.context import ContextBuffer, PaddedContext, RequestContexts, gather_padded
+from sgl_dspark.gate import PROBE_EVERY
 from sgl_dspark.tree import DraftTree
 
 
-RETAIN_CALLS = 17  # a request's context buffer is dropped once this many drafting calls went by without it (the
-# gate makes every request draft at least every 16 steps: sgl_dspark.gate.PROBE_EVERY)
+RETAIN_CALLS = PROBE_EVERY + 1  # a request's context buffer is dropped once this many drafting calls went by without
+# it (the gate makes every request draft at least every PROBE_EVERY steps)
 
 
 class SlotContextStore:
