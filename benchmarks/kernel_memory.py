@@ -4,10 +4,12 @@ weights packed for oneDNN (sgl_dspark.packed_gemm; 30 layers of qkv 960x576, o 5
 forward's linear layers over random row counts as a decode step at concurrency 1 (1-17 rows) and 16 (16-150) meets
 them. oneDNN builds and caches one kernel per (row count, weight shape): a server that meets every row count
 (prompts' lengths, verify widths) holds them all, up to its caches' capacity (oneDNN's primitive cache and ideep's,
-1024 each by default). Each setting runs in a fresh process (the caches read their capacity once), settings
-alternate over repeats (the machine drifts). A benchmark, not a test.
+1024 each by default). `packed_linear` calls the kernel on at most MAX_KERNEL_ROWS rows at a time, which bounds them.
+Settings: `default` (as served), `unsplit` (one kernel call per product, whatever its rows: before the bound), or a
+number (both caches capped at it, as served otherwise). Each setting runs in a fresh process (the caches read their
+capacity once), settings alternate over repeats (the machine drifts). A benchmark, not a test.
 
-    python -m benchmarks.kernel_memory --capacities default,256 --repeats 3 --out benchmarks/results/kernel-memory.json
+    python -m benchmarks.kernel_memory --settings default,unsplit --out benchmarks/results/kernel-memory.json
 """
 
 import argparse
@@ -26,12 +28,16 @@ LAYERS = 30
 DECODE_ROWS = {"c1": (1, 17), "c16": (16, 150)}  # rows of a decode step (1 + verified drafts per request)
 
 
-def probe(max_rows: int, steps: int) -> dict:
+def probe(max_rows: int, steps: int, unsplit: bool) -> dict:
     """In this process: RSS (MB) after packing, after every row count 1..max_rows once and again; forward ms."""
     import psutil
     import torch
 
+    from sgl_dspark import packed_gemm
     from sgl_dspark.packed_gemm import pack, packed_linear
+
+    if unsplit:
+        packed_gemm.MAX_KERNEL_ROWS = 1 << 30
 
     torch.manual_seed(0)
     process = psutil.Process()
@@ -61,12 +67,12 @@ def probe(max_rows: int, steps: int) -> dict:
     return out
 
 
-def run_setting(capacity: str, max_rows: int, steps: int) -> dict:
+def run_setting(setting: str, max_rows: int, steps: int) -> dict:
     env = dict(os.environ)
-    if capacity != "default":
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = env["LRU_CACHE_CAPACITY"] = capacity
+    if setting.isdigit():
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = env["LRU_CACHE_CAPACITY"] = setting
     cmd = [sys.executable, "-m", "benchmarks.kernel_memory", "--probe", "--max-rows", str(max_rows),
-           "--steps", str(steps)]
+           "--steps", str(steps), *(["--unsplit"] if setting == "unsplit" else [])]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -74,23 +80,24 @@ def run_setting(capacity: str, max_rows: int, steps: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--capacities", default="default,256", help="kernel-cache capacities to compare (default: 1024)")
+    p.add_argument("--settings", default="default,unsplit", help="of default, unsplit, or a kernel-cache capacity")
     p.add_argument("--max-rows", type=int, default=200)
     p.add_argument("--steps", type=int, default=100, help="timed forwards per decode-like row range")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--unsplit", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.probe:
-        print(json.dumps(probe(args.max_rows, args.steps)))
+        print(json.dumps(probe(args.max_rows, args.steps, args.unsplit)))
         return 0
-    capacities = args.capacities.split(",")
-    runs: dict[str, list[dict]] = {c: [] for c in capacities}
+    settings = args.settings.split(",")
+    runs: dict[str, list[dict]] = {c: [] for c in settings}
     for repeat in range(args.repeats):
-        for capacity in capacities:
-            runs[capacity].append(run_setting(capacity, args.max_rows, args.steps))
-            print(f"repeat {repeat + 1}/{args.repeats} capacity {capacity}: {runs[capacity][-1]}", flush=True)
-    keys = list(runs[capacities[0]][0])
+        for setting in settings:
+            runs[setting].append(run_setting(setting, args.max_rows, args.steps))
+            print(f"repeat {repeat + 1}/{args.repeats} {setting}: {runs[setting][-1]}", flush=True)
+    keys = list(runs[settings[0]][0])
     medians = {c: {k: statistics.median(r[k] for r in rs) for k in keys} for c, rs in runs.items()}
     table = render(medians, args.max_rows)
     print(table)
@@ -102,8 +109,8 @@ def main() -> int:
 
 
 def render(medians: dict[str, dict[str, float]], max_rows: int) -> str:
-    """Medians by capacity -> a markdown table (RSS in MB, forward times in ms)."""
-    lines = [f"| kernel caches | RSS packed MB | after rows 1-{max_rows} | after them again | forward ms, "
+    """Medians by setting -> a markdown table (RSS in MB, forward times in ms)."""
+    lines = [f"| setting | RSS packed MB | after rows 1-{max_rows} | after them again | forward ms, "
              "c1-like rows | c16-like rows |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {c} | {m['packed_mb']:.0f} | {m['all_rows_mb']:.0f} | {m['again_mb']:.0f} | "
               f"{m['c1_forward_ms']:.1f} | {m['c16_forward_ms']:.1f} |" for c, m in medians.items()]

@@ -17,6 +17,11 @@ from torch.nn import functional as F
 from sgl_dspark.cost import StepCostTable, from_measurements, profile
 
 KERNEL_ROWS = (1, 4, 16)  # row counts `time_kernels` times by default (a decode step of 1, 4, 16 requests)
+# oneDNN (and ideep above it) keep one kernel per (row count, weight shape), so the heap grows with the row counts a
+# server meets (prompt lengths, verify widths), and the products' varying sizes fragment it further:
+# `python -m benchmarks.kernel_memory`. `packed_linear` calls the kernel on at most this many rows, which bounds
+# both; above 64 rows an fp32 product is compute-bound, so splitting a larger one costs little.
+MAX_KERNEL_ROWS = 128
 
 
 def onednn_available() -> bool:
@@ -35,10 +40,21 @@ def pack(weight: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ packed^T (+ bias) -> [..., out]."""
+    """x [..., in] @ packed^T (+ bias) -> [..., out], at most MAX_KERNEL_ROWS rows per kernel call (row_splits)."""
     flat = x.reshape(-1, x.shape[-1])
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    if flat.shape[0] <= MAX_KERNEL_ROWS:
+        out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    else:
+        out = torch.cat([torch.ops.mkldnn._linear_pointwise(part, packed, bias, "none", [], "")
+                         for part in flat.split(row_splits(flat.shape[0]))])
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def row_splits(rows: int) -> list[int]:
+    """rows -> the fewest parts of at most MAX_KERNEL_ROWS rows, as equal as can be (each more than half the cap,
+    so none pays a weight read of its own for a few rows). Example (cap 128): 129 -> [65, 64]; 300 -> [100] * 3."""
+    parts = -(-rows // MAX_KERNEL_ROWS)
+    return [rows // parts + (i < rows % parts) for i in range(parts)]
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def murmur3(seed: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor) 
 
 def gumbel_argmax(logprobs: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """logprobs [n, m] -> [n] column of argmax(logprobs + Gumbel noise of (seed, position, column)), float64."""
-    u = murmur3(seed, positions, torch.arange(logprobs.shape[1])).double() / MASK32
+    u = murmur3(seed, positions, torch.arange(logprobs.shape[1], device=logprobs.device)).double() / MASK32
     g = -(-(u.log().clamp(min=torch.finfo(torch.float64).min, max=-(2.0 ** -32)))).log()
     return (g + logprobs.double()).argmax(dim=1)
 
@@ -69,13 +69,15 @@ def seeded_from_probs(probs: torch.Tensor, params: SamplingParams, seed: int, po
     has top-k/top-p/min-p or is greedy: SamplerBatch.filtered), so columns are ranks; None: this request alone."""
     n, vocab = probs.shape
     probs = probs.float()
-    seeds = torch.full((n,), seed, dtype=torch.long)
+    seeds = torch.full((n,), seed, dtype=torch.long, device=probs.device)
+    positions = positions.to(probs.device)
     if sorted_columns is None:
         sorted_columns = not ((params.top_k <= 0 or params.top_k >= vocab) and params.top_p >= 1.0)
     if not sorted_columns:
         return gumbel_argmax(probs.log(), seeds, positions)
     sorted_p, index = probs.sort(dim=-1, descending=True)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-    sorted_p[(torch.arange(vocab) >= params.top_k).expand(n, -1) & (params.top_k > 0)] = 0.0
-    sorted_p[before > params.top_p] = 0.0
+    sorted_p.masked_fill_((torch.arange(vocab, device=probs.device) >= params.top_k).expand(n, -1)
+                          & (params.top_k > 0), 0.0)
+    sorted_p.masked_fill_(before > params.top_p, 0.0)
     return index.gather(1, gumbel_argmax(sorted_p.double().log(), seeds, positions)[:, None]).view(-1)

@@ -281,7 +281,7 @@ def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torc
     sgl_dspark.seeded) match it, and sampled requests are accepted by speculative sampling with coins drawn first from
     `generator` (the VERIFY stream, sgl_dspark.streams): chains in one pass, trees (lookup siblings) depth by depth
     (sgl_dspark.acceptance). No loop over requests and nothing read back to the host (a seeded request's choices are
-    computed on the host)."""
+    computed on the logits' device too: its noise depends on the seed and positions only)."""
     width = step.rows.width
     logits = logits.view(len(reqs), width, -1)
     device = logits.device
@@ -353,8 +353,8 @@ def target_choices(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.
     for b, (g, req) in enumerate(zip(step.trees, reqs)):
         if req.seed is not None and not req.sampling.is_greedy:
             n = g.tree.size
-            choices[b, :n] = seeded_choices(logits[b, :n].float().cpu(), req.sampling, req.seed, positions[b, :n],
-                                            sampler.filtered).to(logits.device)
+            choices[b, :n] = seeded_choices(logits[b, :n], req.sampling, req.seed, positions[b, :n],
+                                            sampler.filtered)
     return choices
 
 

@@ -173,7 +173,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         reqs = [StepRequest(f"r{b}", prompts[b][:-1], tuple(run.outputs[b]), len(prompts[b]) + len(run.outputs[b]) - 2,
                             slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
         observe = None if on_step is None else (lambda step, logits, reqs=reqs: on_step(step, reqs, logits, sampler))
-        copied = local.store.rows_copied
+        copied = local.rows_copied
         done = decode_step(parts, reqs, lambda step: Verified(*target.verify(step.rows, step.seq_lens)), sampler,
                            generator, observe)
         step, verdict, commit = done.step, done.verdict, done.commit
@@ -181,7 +181,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         hidden = done.verified.hidden
         client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
                                            hidden[commit.kept.to(hidden.device)]))  # the drafter's context grows
-        run.copied.append(local.store.rows_copied - copied)
+        run.copied.append(local.rows_copied - copied)
         run.committed.append(commit.kept.numel())
         run.lookup_tokens += done.lookup_tokens
         run.steps += 1

@@ -7,9 +7,12 @@ Reaches into SGLang's model runner and model (their capture hooks, layers, pools
 comes from sgl_dspark.
 """
 
+import ctypes
+import ctypes.util
 import logging
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from sgl_dspark.config import DSparkKnobs
@@ -197,3 +200,17 @@ def start_cost_table(setup: WorkerSetup, model_runner) -> None:
         table = startup_table(model_runner, setup.launch.verify_tokens, table, 1 if group is None else group.world_size)
     if hasattr(budget, "cost_table"):  # the "off" budget has none (unless wrapped to save one)
         budget.cost_table = table
+
+
+def release_freed_memory() -> int:
+    """Hand the C heap's free pages back to the OS (glibc's malloc_trim) once start-up is over: loading the drafter
+    (its checkpoint decompressed, cast) and packing the target's weights (the originals dropped) free memory in the
+    middle of the heap, which glibc keeps otherwise. Returns the bytes the process's RSS fell by (0 where the C
+    library is not glibc)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return 0
+    before = psutil.Process().memory_info().rss
+    libc.malloc_trim(0)
+    return max(0, before - psutil.Process().memory_info().rss)

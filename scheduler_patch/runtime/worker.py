@@ -32,7 +32,8 @@ from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.verify import VerifyResult
 
 from scheduler_patch.launch import launch_of
-from scheduler_patch.runtime.setup import WorkerSetup, build_setup, prior_cost_table, start_cost_table, worker_metrics
+from scheduler_patch.runtime.setup import (WorkerSetup, build_setup, prior_cost_table, release_freed_memory,
+                                          start_cost_table, worker_metrics)
 from scheduler_patch.runtime.verify_mode import verifying
 from scheduler_patch.runtime.tensor_parallel import RankZeroPlan, tp_group
 
@@ -118,6 +119,9 @@ class DSparkWorker(BaseSpecWorker):
     def init_cuda_graphs(self):
         """SGLang's last start-up step (the KV pools and attention backends exist): profile the step-cost table."""
         start_cost_table(self.setup, self.model_runner)
+        if str(self.device) == "cpu":
+            logger.info("sgl-dspark: start-up over, %.0f MB of freed memory returned to the OS",
+                        release_freed_memory() / 2**20)
 
     def clear_cache_pool(self):
         pass

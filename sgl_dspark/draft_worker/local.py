@@ -94,6 +94,11 @@ class LocalDraftClient:
         self.worker_drafted = 0  # draft nodes produced (anchors excluded); the worker process reports this one
         self.arena_bytes = 0  # in-process: no shared memory
 
+    @property
+    def rows_copied(self) -> int:
+        """Context rows copied out of the slot pool for drafting since start (the worker process reports it)."""
+        return self.store.rows_copied
+
     def write_context(self, update: ContextUpdate) -> None:
         self.store.write(update)
 

@@ -162,7 +162,7 @@ class Worker:
         probs = [t.draft_probs for t in trees if t.draft_probs is not None]
         return Proposed(tuple(t.size for t in trees), tuple(t.draft_probs is not None for t in trees), tokens,
                         parents, confidence, arena.put(torch.cat(probs)) if probs else None, ahead,
-                        self.engine.worker_drafted, self.engine.store.rows_copied)
+                        self.engine.worker_drafted, self.engine.rows_copied)
 
     def ping(self, message: Ping) -> Pong:
         return Pong(os.getpid())

@@ -36,9 +36,9 @@ def decode(rids: bool, steps: int = 6) -> tuple[list[list], list[int]]:
     for step in range(steps):
         batch = DraftBatch(tuple(slots(b, n) for b, n in enumerate(lengths)), torch.tensor([3 + step, 7]),
                            torch.tensor(lengths), (GREEDY, GREEDY), ("a", "b") if rids else ())
-        before = client.store.rows_copied
+        before = client.rows_copied
         trees.append(client.propose(batch))
-        copied.append(client.store.rows_copied - before)
+        copied.append(client.rows_copied - before)
         for b in range(2):  # the commit: the accepted rows' features at their slots
             k = 1 + (step + b) % 3
             new = torch.arange(lengths[b], lengths[b] + k)
@@ -64,9 +64,9 @@ def test_a_changed_context_is_copied_again_and_idle_buffers_are_dropped():
     client.write_context(ContextUpdate(SLOTS[:40], torch.arange(40) % 20, features(40, 0)))
 
     def draft(rid: str, context: torch.Tensor) -> int:
-        before = client.store.rows_copied
+        before = client.rows_copied
         client.propose(DraftBatch((context,), torch.tensor([1]), torch.tensor([context.numel()]), (GREEDY,), (rid,)))
-        return client.store.rows_copied - before
+        return client.rows_copied - before
 
     assert draft("a", SLOTS[:6]) == 6
     assert draft("a", SLOTS[:8]) == 2  # extended: the two new rows

@@ -215,7 +215,7 @@ def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling, r
     assert_same_trees(remote.propose(later), local.propose(later))
     rows = sum(len(u.slots) for u in context())
     # buffered: every row once, then the one new row each; padded: every row at each of the three calls, +1 each
-    assert remote.rows_copied - copied == local.store.rows_copied == (rows + 3 if rids else 3 * rows + 3)
+    assert remote.rows_copied - copied == local.rows_copied == (rows + 3 if rids else 3 * rows + 3)
     initial = arena_sizes(remote.settings)
     assert remote.requests.arena.size > initial[0] and remote.replies.arena.size > initial[1]  # both grew
     assert remote.generation == 0 and remote.stale_requests(b) == []

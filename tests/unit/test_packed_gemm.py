@@ -9,13 +9,13 @@ from sgl_dspark.drafter import Proposer, ProposeInput, pad_contexts
 from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.cost import StepCostTable
-from sgl_dspark.packed_gemm import (KernelTimes, PackedLinear, onednn_available, pack_drafter, packed_linear, pack,
-                                   time_kernels)
+from sgl_dspark.packed_gemm import (MAX_KERNEL_ROWS, KernelTimes, PackedLinear, onednn_available, pack_drafter,
+                                   packed_linear, pack, row_splits, time_kernels)
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 17])
+@pytest.mark.parametrize("rows", [1, 3, 8, 17, 33, 100])  # 2 x 100 = 200 rows: the kernel runs on two parts
 def test_packed_linear_equals_linear(rows):
     torch.manual_seed(rows)
     linear = nn.Linear(48, 96).requires_grad_(False)
@@ -25,6 +25,13 @@ def test_packed_linear_equals_linear(rows):
     assert got.shape == (2, rows, 96)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(packed_linear(x[0], pack(linear.weight)), x[0] @ linear.weight.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 64, 65, 127, 128, 129, 200, 4096])
+def test_row_splits_cover_the_rows_in_near_equal_parts_under_the_cap(rows):
+    parts = row_splits(rows)
+    assert sum(parts) == rows and max(parts) <= MAX_KERNEL_ROWS and max(parts) - min(parts) <= 1
+    assert len(parts) == -(-rows // MAX_KERNEL_ROWS)  # the fewest parts, so none is smaller than it must be
 
 
 def drafter_and_input():

@@ -2,6 +2,8 @@
 products up to GEMM rounding, only plain float linear layers and the LM head packed, everything else untouched,
 and the two patches idempotent and undoable."""
 
+import platform
+
 import pytest
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessor
@@ -13,6 +15,7 @@ from sgl_dspark.packed_gemm import onednn_available
 
 from scheduler_patch import target_gemm
 from scheduler_patch.patches import undo_all
+from scheduler_patch.runtime.setup import release_freed_memory
 from scheduler_patch.target_gemm import PACKED, PackReport, pack_target
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
@@ -75,3 +78,15 @@ def test_the_patches_apply_once_and_undo_to_sglangs_originals(model):
     assert all(p.applied for p in target_gemm.PATCHES)
     undo_all(target_gemm.PATCHES)
     assert [vars(UnquantizedLinearMethod)["apply"], vars(LogitsProcessor)["_compute_lm_head"]] == originals
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_start_up_hands_the_heaps_free_pages_back():
+    """What packing leaves behind (originals freed between tensors still held) stays in the C heap until the worker's
+    start-up trim returns it."""
+    release_freed_memory()
+    held = [torch.ones(16 * 1024) for _ in range(4096)]  # 64 KB each, from the heap: 256 MB
+    kept = held[::8]  # the rest freed: holes between the kept ones
+    del held
+    returned = release_freed_memory()
+    assert len(kept) == 512 and returned > 100 * 2**20
