@@ -42,11 +42,14 @@ def pack(weight: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ packed^T (+ bias) -> [..., out], at most MAX_KERNEL_ROWS rows per kernel call (row_splits)."""
     flat = x.reshape(-1, x.shape[-1])
+
+    def kernel(rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
     if flat.shape[0] <= MAX_KERNEL_ROWS:
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+        out = kernel(flat)
     else:
-        out = torch.cat([torch.ops.mkldnn._linear_pointwise(part, packed, bias, "none", [], "")
-                         for part in flat.split(row_splits(flat.shape[0]))])
+        out = torch.cat([kernel(part) for part in flat.split(row_splits(flat.shape[0]))])
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

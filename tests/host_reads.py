@@ -54,4 +54,3 @@ class HostReads(TorchFunctionMode):
     @staticmethod
     def _bool_index(index) -> bool:
         return any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in tree_flatten(index)[0])
-
