@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from attention_backends.mask import Rows, row_counts
 from attention_backends.paged import PagedTreeBatch, PageTableLengths, exclusive_cumsum
 
 
@@ -58,16 +59,17 @@ def csr_of(batch: PagedTreeBatch, device: torch.device | str) -> TreeCSR:
     )  # fmt: skip
 
 
-def verify_csr(prefix_lens: Sequence[int], n_draft: int, slots: torch.Tensor, mask: torch.Tensor) -> TreeCSR:
-    """A TARGET_VERIFY batch at page size 1 (SGLang's verify layout): request b has n_draft query rows and
-    prefix_lens[b] + n_draft keys, whose token slots are `slots` [sum(prefix_lens) + bs * n_draft] in order.
-    Example: prefix_lens [2, 0], n_draft 2 -> qo_indptr [0, 2, 4], kv_indptr [0, 4, 6], kv_last_page_len [1, 1]."""
-    bs = len(prefix_lens)
-    kv_lens = torch.tensor([p + n_draft for p in prefix_lens], dtype=torch.int32)
+def verify_csr(prefix_lens: Sequence[int], n_draft: Rows, slots: torch.Tensor, mask: torch.Tensor) -> TreeCSR:
+    """A TARGET_VERIFY batch at page size 1 (SGLang's verify layout): request b has n_b query rows (n_draft: one count
+    for all, or one per request) and prefix_lens[b] + n_b keys, whose token slots are `slots`
+    [sum(prefix_lens[b] + n_b)] in order.
+    Example: prefix_lens [2, 0], n_draft 2 -> qo_indptr [0, 2, 4], kv_indptr [0, 4, 6], kv_last_page_len [1, 1];
+    n_draft [1, 3] -> qo_indptr [0, 1, 4], kv_indptr [0, 3, 6]."""
+    counts = torch.tensor(row_counts(n_draft, len(prefix_lens)), dtype=torch.int32)
+    kv_lens = torch.tensor(list(prefix_lens), dtype=torch.int32) + counts
     return TreeCSR(
-        qo_indptr=torch.arange(0, (bs + 1) * n_draft, n_draft, dtype=torch.int32),
-        kv_indptr=exclusive_cumsum(kv_lens), kv_indices=slots.to(torch.int32),
-        kv_last_page_len=torch.ones(bs, dtype=torch.int32), mask=mask,
+        qo_indptr=exclusive_cumsum(counts), kv_indptr=exclusive_cumsum(kv_lens), kv_indices=slots.to(torch.int32),
+        kv_last_page_len=torch.ones(len(prefix_lens), dtype=torch.int32), mask=mask,
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cu
 from attention_backends.csr import TreeCSR, table_slots, verify_csr
 from attention_backends.flashinfer_tree import new_wrapper, plan_tree_attention, run_tree_attention
 from attention_backends.layers import LayerSpec, PlanDims, RunnerFacts, check_runner, plan_dims
-from attention_backends.mask import MaskLayout, full_layout
+from attention_backends.mask import MaskLayout, full_layout, spec_row_counts
 from attention_backends.reference import sglang_mask_layout
 
 if TYPE_CHECKING:
@@ -54,19 +54,19 @@ class TreeVerify:
         self.q_dtype, self.kv_dtype, self.write_scales, self.mask_layout = q_dtype, kv_dtype, write_scales, mask_layout
 
     def csr(self, forward_batch: ForwardBatch) -> TreeCSR:
-        """The batch's page table and mask. In TARGET_VERIFY seq_lens excludes the n verify rows, which the worker
-        has already laid out after each prefix, so request b reads the first seq_len_b + n ids of its row."""
+        """The batch's page table and mask. In TARGET_VERIFY seq_lens excludes the n_b verify rows, which the worker
+        has already laid out after each prefix, so request b reads the first seq_len_b + n_b ids of its row."""
         spec_info = forward_batch.spec_info
-        n_draft = int(spec_info.draft_token_num)
         seq_lens = forward_batch.seq_lens_cpu
         if seq_lens is None:  # no host copy on this batch: read it back once, here
             seq_lens = forward_batch.seq_lens.cpu()
         prefix_lens = [int(x) for x in seq_lens.tolist()]
+        counts = spec_row_counts(spec_info, len(prefix_lens))
         table = self.translator.read_source(forward_batch.kv_loc_plan, req_pool_indices=forward_batch.req_pool_indices,
                                             bs=len(prefix_lens))
-        slots = table_slots(table, [p + n_draft for p in prefix_lens], self.translator.page_size)
-        return verify_csr(prefix_lens, n_draft, slots, full_layout(spec_info.custom_mask, prefix_lens, n_draft,
-                                                                   self.mask_layout))
+        slots = table_slots(table, [p + n for p, n in zip(prefix_lens, counts)], self.translator.page_size)
+        return verify_csr(prefix_lens, counts, slots, full_layout(spec_info.custom_mask, prefix_lens, counts,
+                                                                  self.mask_layout))
 
     def plan(self, forward_batch: ForwardBatch) -> None:
         plan_tree_attention(self.wrapper, self.csr(forward_batch), self.dims, q_dtype=self.q_dtype,

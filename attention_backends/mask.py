@@ -5,7 +5,7 @@ layout FlashInfer consumes. Pure functions of tensors and ints: no SGLang import
 tensor back to the host.
 
 Row i of a request's mask is verify row (draft node) i; its columns are the request's keys in cache order:
-the cached prefix (`prefix_len` slots of `req_to_token`), then the `n_draft` verify rows themselves.
+the cached prefix (`prefix_len` slots of `req_to_token`), then the request's verify rows themselves.
 """
 
 from collections.abc import Sequence
@@ -21,6 +21,8 @@ class MaskLayout(Enum):
         back: element (b, i, j) at b*n*n + i*n + j. The prefix is implicitly visible.
     FULL (FULL_MASK, SGLang's choice on GPUs): per request an [n, prefix_b + n] block, row-major, requests
         back to back: request b starts at n*sum(prefix_<b) + b*n*n. This is FlashInfer's custom-mask layout.
+    A ragged batch (the dspark worker's: request b has n_b rows, `spec_row_counts`) lays each request's block out
+    the same way with its own n_b.
     In both, True means "may attend"; the draft part is ancestor-or-self (a chain is lower-triangular).
     A buffer may be longer than the batch needs (CUDA-graph padding); the tail is ignored.
     """
@@ -41,23 +43,44 @@ def with_prefix(draft_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return torch.cat([prefix, draft_mask.to(torch.bool)], dim=1)
 
 
-def layout_numel(layout: MaskLayout, prefix_lens: Sequence[int], n_draft: int) -> int:
+ROW_COUNTS = "dspark_row_counts"  # the spec info's attribute with each request's verify rows (ragged batches)
+
+Rows = int | Sequence[int]  # verify rows: the same count for every request, or one count per request
+
+
+def row_counts(n_draft: Rows, bs: int) -> list[int]:
+    """Each request's verify rows. Example: (2, 3) -> [2, 2, 2]; ([1, 3], 2) -> [1, 3]."""
+    counts = [int(n_draft)] * bs if isinstance(n_draft, int) else [int(n) for n in n_draft]
+    if len(counts) != bs:
+        raise ValueError(f"{len(counts)} verify row counts for a batch of {bs} requests")
+    return counts
+
+
+def spec_row_counts(spec_info, bs: int) -> list[int]:
+    """The rows of each request of a TARGET_VERIFY batch: the spec info's ROW_COUNTS when it has them (the dspark
+    worker's ragged batches), else its draft_token_num for every request (SGLang's own workers)."""
+    counts = getattr(spec_info, ROW_COUNTS, None)
+    return row_counts(int(spec_info.draft_token_num) if counts is None else counts, bs)
+
+
+def layout_numel(layout: MaskLayout, prefix_lens: Sequence[int], n_draft: Rows) -> int:
     """Elements of `custom_mask` that a batch with these prefix lengths reads."""
+    counts = row_counts(n_draft, len(prefix_lens))
     if layout is MaskLayout.DRAFT_ONLY:
-        return len(prefix_lens) * n_draft * n_draft
-    return n_draft * sum(prefix_lens) + len(prefix_lens) * n_draft * n_draft
+        return sum(n * n for n in counts)
+    return sum(n * (p + n) for n, p in zip(counts, prefix_lens))
 
 
-def dense_verify_masks(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int,
+def dense_verify_masks(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: Rows,
                        layout: MaskLayout) -> list[torch.Tensor]:
-    """custom_mask [>= layout_numel] -> one bool [n_draft, prefix_lens[b] + n_draft] per request."""
+    """custom_mask [>= layout_numel] -> one bool [n_b, prefix_lens[b] + n_b] per request (n_b its verify rows)."""
     flat = _flat(custom_mask, prefix_lens, n_draft, layout)
     masks, start = [], 0
-    for prefix_len in prefix_lens:
-        width = n_draft if layout is MaskLayout.DRAFT_ONLY else prefix_len + n_draft
-        block = flat[start:start + n_draft * width].view(n_draft, width).to(torch.bool)
+    for prefix_len, n in zip(prefix_lens, row_counts(n_draft, len(prefix_lens))):
+        width = n if layout is MaskLayout.DRAFT_ONLY else prefix_len + n
+        block = flat[start:start + n * width].view(n, width).to(torch.bool)
         masks.append(with_prefix(block, prefix_len) if layout is MaskLayout.DRAFT_ONLY else block)
-        start += n_draft * width
+        start += n * width
     return masks
 
 
@@ -68,7 +91,7 @@ def flatten_masks(masks: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([m.reshape(-1).to(torch.bool) for m in masks])
 
 
-def full_layout(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int,
+def full_layout(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: Rows,
                 layout: MaskLayout) -> torch.Tensor:
     """custom_mask [>= layout_numel] -> bool [layout_numel(FULL, ...)], on custom_mask's device: the FULL layout,
     which is FlashInfer's (a view of the buffer when it is already FULL and bool; CUDA-graph padding dropped)."""
@@ -77,11 +100,11 @@ def full_layout(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: 
     return _flat(custom_mask, prefix_lens, n_draft, layout)[:layout_numel(layout, prefix_lens, n_draft)].to(torch.bool)
 
 
-def _flat(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: int, layout: MaskLayout) -> torch.Tensor:
+def _flat(custom_mask: torch.Tensor, prefix_lens: Sequence[int], n_draft: Rows, layout: MaskLayout) -> torch.Tensor:
     """custom_mask as one flat tensor, after checking it holds what the batch reads."""
     need = layout_numel(layout, prefix_lens, n_draft)
     flat = custom_mask.reshape(-1)
     if flat.numel() < need:
         raise ValueError(f"custom_mask has {flat.numel()} elements; layout {layout.value} with prefix lengths "
-                         f"{list(prefix_lens)} and {n_draft} draft tokens needs {need}")
+                         f"{list(prefix_lens)} and {n_draft} verify rows needs {need}")
     return flat

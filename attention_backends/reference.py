@@ -16,7 +16,7 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
 
-from attention_backends.mask import MaskLayout, dense_verify_masks
+from attention_backends.mask import MaskLayout, dense_verify_masks, spec_row_counts
 from attention_backends.paged import PagedTreeBatch, paged_tree_attention
 from attention_backends.window import layer_window, windowed_masks
 
@@ -40,17 +40,17 @@ def sglang_mask_layout() -> MaskLayout:
 def paged_tree_batch(forward_batch: ForwardBatch, req_to_token: torch.Tensor, layout: MaskLayout) -> PagedTreeBatch:
     """A TARGET_VERIFY ForwardBatch -> its PagedTreeBatch (page size 1: pages are token slots).
 
-    In TARGET_VERIFY, seq_lens excludes the n verify rows and the worker has already laid the rows out in
-    req_to_token[req, seq_len:seq_len + n] (out_cache_loc), so each request's keys are
-    req_to_token[req, :seq_len + n].
+    In TARGET_VERIFY, seq_lens excludes the n_b verify rows and the worker has already laid the rows out in
+    req_to_token[req, seq_len:seq_len + n_b] (out_cache_loc), so each request's keys are
+    req_to_token[req, :seq_len + n_b].
     """
     spec_info = forward_batch.spec_info
-    n_draft = int(spec_info.draft_token_num)
     seq_lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens
     prefix_lens = [int(x) for x in seq_lens.tolist()]
+    counts = spec_row_counts(spec_info, len(prefix_lens))
     rows = forward_batch.req_pool_indices.tolist()
-    slots = [req_to_token[row, :prefix_len + n_draft] for row, prefix_len in zip(rows, prefix_lens)]
-    masks = dense_verify_masks(spec_info.custom_mask, prefix_lens, n_draft, layout)
+    slots = [req_to_token[row, :prefix_len + n] for row, prefix_len, n in zip(rows, prefix_lens, counts)]
+    masks = dense_verify_masks(spec_info.custom_mask, prefix_lens, counts, layout)
     return PagedTreeBatch.from_token_slots(slots, [m.to(req_to_token.device) for m in masks])
 
 

@@ -1,8 +1,9 @@
 """Verify budget: which drafted nodes of each request the target verifies in one step (paper 3.2.2, 5.2).
 
 Owns the budget policy protocol (`plan`, `observe`) and its modes, chosen once by `make_budget`: "prefix"
-(Algorithm 1 with its early stop, taken a width level at a time: the verify batch pads every request to the widest,
-so the node that widens it costs a row per request and the other requests' nodes at that width ride free),
+(Algorithm 1 with its early stop, taken a level at a time: level k holds every request's k-th node, and the stop is
+looked at only where a level is complete; each verified node costs one row of the verify batch, which runs every
+request's real rows and no padding),
 "lagged" (5.2: a global-argmax budget from confidences two steps old) and
 "off" (verify all drafted). Pure torch on CPU; must not draft, verify, calibrate or import SGLang. Every mode
 is non-anticipating: whether a node is verified never depends on that node's own token (paper appendix A).
@@ -35,7 +36,7 @@ class PlanInput:
 class VerifyPlan:
     selections: tuple[torch.Tensor, ...]  # R x [1 + verify_length_r] int64: sorted node indices, root 0 first
     verify_lengths: torch.Tensor  # [R] int64: draft nodes each request verifies
-    batch_tokens: int  # B: rows the target step processes (each request padded to the widest, plus extra)
+    batch_tokens: int  # B: rows the target step processes (each request's root and verified nodes, plus extra)
     expected_accepts: float  # tau: expected tokens committed by the step, bonus tokens included
 
 
@@ -80,8 +81,8 @@ class Pool:
     """What a budget is chosen over: the forced nodes are in; the open nodes compete level by level
     (`level_sequence`), and a budget is one of the level ends."""
 
-    batch_tokens: torch.Tensor  # [M + 1] int64: B after admitting the first i open nodes (rows padded to the widest
-    # request, as the verify batch lays them out, plus extra tokens)
+    batch_tokens: torch.Tensor  # [M + 1] int64: B after admitting the first i open nodes (every request's root and
+    # admitted nodes, as the verify forward runs them, plus extra tokens)
     base_accepts: float  # tau with no open node: one per request (the bonus) + forced nodes' survival
     open_survival: torch.Tensor  # [M] float64, in level order
     level_ends: torch.Tensor  # [L + 1] int64: 0, then the number of open nodes admitted when each level is complete
@@ -170,22 +171,16 @@ def level_ends(ranks: torch.Tensor) -> torch.Tensor:
 
 def make_pool(cands: Candidates, forced: torch.Tensor, sequence: torch.Tensor, batch: PlanInput) -> Pool:
     base_accepts = cands.n_requests + float(cands.survival[forced].sum())
-    return Pool(padded_tokens(cands, forced, sequence, batch.extra_tokens), base_accepts, cands.survival[sequence],
+    return Pool(batch_rows(cands, forced, sequence, batch.extra_tokens), base_accepts, cands.survival[sequence],
                 level_ends(cands.rank[sequence]), batch.overhead_s, batch.overhead_per_token_s)
 
 
-def padded_tokens(cands: Candidates, forced: torch.Tensor, sequence: torch.Tensor, extra: int) -> torch.Tensor:
-    """[M + 1]: the verify batch's rows after admitting the first i open nodes of `sequence` (indices). Every request
-    gets as many rows as the widest one (root + its admitted nodes), so a node that widens the batch costs a row per
-    request, and the nodes of other requests up to that width cost nothing more. Example: 2 requests, open nodes of
-    requests [0, 0, 1] -> [2, 4, 6, 6]."""
-    r = cands.n_requests
-    if r == 0:
-        return torch.full((sequence.shape[0] + 1,), extra, dtype=torch.long)
-    base = torch.bincount(cands.request[forced], minlength=r)  # [R] forced nodes per request
-    counts = base[None, :] + torch.cumsum(torch.nn.functional.one_hot(cands.request[sequence], r), 0)  # [M, R]
-    width = torch.cat([base.max().reshape(1), counts.max(1).values])  # [M + 1]
-    return r * (1 + width) + extra
+def batch_rows(cands: Candidates, forced: torch.Tensor, sequence: torch.Tensor, extra: int) -> torch.Tensor:
+    """[M + 1]: the verify forward's rows after admitting the first i open nodes of `sequence` (indices): every
+    request's root, the forced nodes, i admitted nodes and the extra tokens (the forward runs real rows only).
+    Example: 2 requests, no forced node, 3 open nodes -> [2, 3, 4, 5]."""
+    base = cands.n_requests + int(forced.sum()) + extra
+    return base + torch.arange(sequence.shape[0] + 1, dtype=torch.long)
 
 
 def throughput(pool: Pool, table: StepCostTable) -> torch.Tensor:
@@ -198,8 +193,9 @@ def throughput(pool: Pool, table: StepCostTable) -> torch.Tensor:
 
 
 def level_budget(pool: Pool, theta: torch.Tensor, choose) -> int:
-    """Open nodes to admit: `choose` (early stop or global argmax) over Theta at the level ends only, since inside a
-    level the first node pays the widening and the rest ride free."""
+    """Open nodes to admit: `choose` (early stop or global argmax) over Theta at the level ends only: a level (every
+    request's next node) is admitted whole or not at all, so whether a node is verified depends on its own request's
+    earlier nodes and the other requests' levels, never on its descendants."""
     return int(pool.level_ends[choose(theta[pool.level_ends])])
 
 
@@ -233,8 +229,7 @@ def make_plan(cands: Candidates, admitted: torch.Tensor, extra_tokens: int) -> V
     selections = tuple(torch.cat([torch.zeros(1, dtype=torch.long), part])
                        for part in torch.split(nodes, lengths.tolist()))
     tau = cands.n_requests + float(cands.survival[admitted].sum())
-    width = int(lengths.max()) if cands.n_requests else 0
-    return VerifyPlan(selections, lengths, cands.n_requests * (1 + width) + extra_tokens, tau)
+    return VerifyPlan(selections, lengths, cands.n_requests + int(lengths.sum()) + extra_tokens, tau)
 
 
 class CostedBudget:
@@ -268,7 +263,7 @@ class CostedBudget:
 
 
 class PrefixBudget(CostedBudget):
-    """Paper Algorithm 1: greedy admission with the early stop (lossless on its own), a width level at a time."""
+    """Paper Algorithm 1: greedy admission with the early stop (lossless on its own), a level at a time."""
 
     def budget(self, pool: Pool) -> int:
         return level_budget(pool, throughput(pool, self.cost_table), early_stop_budget)

@@ -135,8 +135,8 @@ def choose(outlooks: list[Outlook | None], costs: StepCosts, margin: float, prob
     order = torch.argsort(-gain, stable=True)
     k = torch.arange(r + 1, dtype=torch.float64)
     tokens = r + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(gain[order], 0)])
-    # every request's rows are padded to the widest one's: the batch grows with the most verified, not the sum
-    batch = r * (1 + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cummax(verified[order], 0).values]))
+    # the verify forward runs each request's root and verified nodes (no padding): the batch grows with the sum
+    batch = r + torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(verified[order], 0)])
     theta = tokens / costs.seconds(k, batch, r)
     if not r:
         return Decision(due, 1.0)

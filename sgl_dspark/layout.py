@@ -1,11 +1,15 @@
-"""Batch layout of one verify step: trees packed into SGLang's fixed-width verify rows, the verify batch those
-rows make (the mask flattened as SGLang's custom mask), and the accepted paths unpacked into its accept layout.
+"""Batch layout of one verify step: trees packed into fixed-width verify rows, the ragged verify batch the target's
+forward runs on (each request's real rows only, its mask flattened as SGLang's custom mask), the forward's outputs
+put back into the fixed width, and the accepted paths unpacked into SGLang's accept layout.
 
-Every request gets `width` rows (its tree, then padding nodes hanging off the root that are never
-accepted); the tree mask is [bs, width, width] (prefix columns implied). Pure torch; no SGLang imports.
+Every request gets `width` rows (its tree, then padding nodes hanging off the root that are never accepted); the
+tree mask is [bs, width, width] (prefix columns implied). The verify forward runs on the real rows alone (no row of
+padding costs a forward), and acceptance, commit and logprobs read its outputs in the fixed width (`padded`).
+Pure torch; no SGLang imports.
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -22,16 +26,25 @@ class VerifyRows:
     width: int
     parents: torch.Tensor  # [bs, width] int64 parent node (-1 at the root; padding nodes hang off the root)
 
+    @cached_property
+    def real(self) -> torch.Tensor:
+        """[sum(sizes)] int64: the flat rows of the real nodes (request after request), the rows the forward runs.
+        Example: sizes [2, 1], width 3 -> [0, 1, 3]."""
+        return (torch.arange(self.width)[None, :] < self.sizes[:, None]).flatten().nonzero().squeeze(1)
+
 
 @dataclass(frozen=True)
 class VerifyForwardInput:
-    """What one step's verify forward runs on (scheduler_patch/runtime/verify_mode.py puts it on SGLang's batch)."""
+    """What one step's verify forward runs on (scheduler_patch/runtime/verify_mode.py puts it on SGLang's batch):
+    each request's real rows only, request after request."""
 
-    tokens: torch.Tensor  # [bs * width] int64 verify rows, request after request
-    positions: torch.Tensor  # [bs * width] int64
-    mask: torch.Tensor  # flattened bool, request after request: [width, width] each, or [width, seq_len + width]
-    # with the prefix columns (all True) first
-    width: int
+    tokens: torch.Tensor  # [R] int64 verify rows, R = sum(sizes)
+    positions: torch.Tensor  # [R] int64
+    mask: torch.Tensor  # flattened bool, request after request: [n_b, n_b] each, or [n_b, seq_len + n_b] with the
+    # prefix columns (all True) first
+    sizes: tuple[int, ...]  # n_b: rows of request b
+    width: int  # the step's fixed width (rows per request in acceptance and commit; KV slots reserved past it)
+    real: torch.Tensor  # [R] int64 each row's flat row in the fixed width (VerifyRows.real)
 
 
 @dataclass(frozen=True)
@@ -74,16 +87,29 @@ def pack_trees(trees: list[DraftTree], seq_lens: list[int], width: int | None = 
 
 
 def verify_forward_input(rows: VerifyRows, seq_lens: list[int], prefix_columns: bool) -> VerifyForwardInput:
-    """The packed rows as the verify forward takes them; `prefix_columns`: the attention backend wants each mask row
-    to cover the request's cached prefix too (GPUs), else the draft block only (CPU).
+    """The packed rows as the verify forward takes them: each request's real rows, its mask cut to them;
+    `prefix_columns`: the attention backend wants each mask row to cover the request's cached prefix too (GPUs),
+    else the draft block only (CPU).
 
-    Example: one chain [5, 6] after 3 cached tokens, width 2: mask [1, 0, 1, 1] without prefix columns,
+    Example: one chain [5, 6] after 3 cached tokens: mask [1, 0, 1, 1] without prefix columns,
     [1, 1, 1, 1, 0, 1, 1, 1, 1, 1] with them."""
-    if not prefix_columns:
-        return VerifyForwardInput(rows.tokens, rows.positions, rows.mask.flatten(), rows.width)
-    parts = [torch.cat([torch.ones(rows.width, n, dtype=torch.bool), m], 1).flatten()
-             for m, n in zip(rows.mask, seq_lens)]
-    return VerifyForwardInput(rows.tokens, rows.positions, torch.cat(parts), rows.width)
+    sizes = tuple(int(n) for n in rows.sizes.tolist())
+    parts = [m[:n, :n] for m, n in zip(rows.mask, sizes)]
+    if prefix_columns:
+        parts = [torch.cat([torch.ones(m.shape[0], n, dtype=torch.bool), m], 1) for m, n in zip(parts, seq_lens)]
+    real = rows.real
+    return VerifyForwardInput(rows.tokens[real], rows.positions[real], torch.cat([m.flatten() for m in parts]), sizes,
+                              rows.width, real)
+
+
+def padded(values: torch.Tensor, real: torch.Tensor, rows: int) -> torch.Tensor:
+    """values [R, ...] of the real rows -> [rows, ...] in the fixed width, zeros in the padding rows (which no
+    acceptance rule reads: every rule masks nodes past a request's size), on values' device.
+    Example: values [[1.], [2.], [3.]], real [0, 1, 3], rows 4 -> [[1.], [2.], [0.], [3.]]."""
+    if values.shape[0] == rows:
+        return values
+    out = values.new_zeros((rows, *values.shape[1:]))
+    return out.index_copy_(0, real.to(values.device), values)
 
 
 def accept_rows(results: list[VerifyResult], width: int, stride: int) -> AcceptRows:

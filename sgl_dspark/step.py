@@ -9,7 +9,7 @@ SGLang's (its Req and batch, the KV pools, the forward, custom logit processors,
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerU
 from sgl_dspark.gate import Decision, Gate
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
 from sgl_dspark.acceptance import matched_path, path_rows, sample_chains, sample_trees
-from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, verify_results
+from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, padded, verify_results
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.budget import PlanInput, BudgetPolicy
@@ -94,11 +94,18 @@ class Accepted:
 
 @dataclass(frozen=True)
 class Verified:
-    """What the target's verify forward hands the step."""
+    """What the target's verify forward hands the step: its outputs on the real rows (VerifyRows.real), [R, ...],
+    which the step puts in the fixed width ([bs * width, ...], `in_width`) before reading them."""
 
-    logits: torch.Tensor  # [bs * width, V] on the target's device (constrained in place by the step)
-    hidden: torch.Tensor  # [bs * width, F] every verify row's features for the drafter
+    logits: torch.Tensor  # [R or bs * width, V] on the target's device (constrained in place by the step)
+    hidden: torch.Tensor  # [R or bs * width, F] every verify row's features for the drafter
     output: Any = None  # the forward's own result (the worker's: SGLang's logits output, for logprobs)
+
+
+def in_width(verified: Verified, rows: VerifyRows) -> Verified:
+    """The forward's outputs on the real rows -> the same in the fixed width (padding rows zero)."""
+    real, total = rows.real, rows.tokens.shape[0]
+    return replace(verified, logits=padded(verified.logits, real, total), hidden=padded(verified.hidden, real, total))
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,7 @@ def decode_step(parts: StepParts, reqs: Sequence[StepRequest], forward: Callable
         step = draft_and_plan(parts, reqs)  # gate -> draft -> graft -> budget -> pack
     else:  # tensor parallelism: the planning rank's step, on every rank
         step = parts.shared(lambda: draft_and_plan(parts, reqs))
-    verified = forward(step)  # the target's verify forward
+    verified = in_width(forward(step), step.rows)  # the target's verify forward, on the real rows
     constrain(step, reqs, verified.logits, parts.vocab)
     if custom is not None:
         custom(step, verified.logits)

@@ -20,6 +20,7 @@ from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.drafter import TargetWeights
 from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.fresh import random_drafter
+from sgl_dspark.layout import VerifyForwardInput, verify_forward_input
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
 from sgl_dspark.budget import StepResult, make_budget
 from sgl_dspark.seeded import seeded_choices
@@ -67,11 +68,10 @@ class TableTarget:
     def prefill(self, b: int, tokens: Sequence[int]) -> torch.Tensor:
         return features(list(tokens), list(range(len(tokens))))
 
-    def verify(self, rows, seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fake verify forward: (logits [bs * width, V] on the table's device, features [bs * width, F])."""
-        device = self.table.device
-        return self.table[(rows.positions % 3).to(device), rows.tokens.to(device)], FEATURES[rows.positions % 3,
-                                                                                               rows.tokens]
+    def verify(self, verify: VerifyForwardInput, seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fake verify forward on the real rows: (logits [R, V] on the table's device, features [R, F])."""
+        device, positions, tokens = self.table.device, verify.positions % 3, verify.tokens
+        return self.table[positions.to(device), tokens.to(device)], FEATURES[positions, tokens]
 
     def commit(self, accepted) -> None:
         pass
@@ -174,8 +174,9 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
                             slots[b], params, seed) for b, (params, seed) in enumerate(kinds)]
         observe = None if on_step is None else (lambda step, logits, reqs=reqs: on_step(step, reqs, logits, sampler))
         copied = local.rows_copied
-        done = decode_step(parts, reqs, lambda step: Verified(*target.verify(step.rows, step.seq_lens)), sampler,
-                           generator, observe)
+        done = decode_step(parts, reqs, lambda step: Verified(*target.verify(
+            verify_forward_input(step.rows, step.seq_lens, prefix_columns=True), step.seq_lens)), sampler, generator,
+            observe)
         step, verdict, commit = done.step, done.verdict, done.commit
         target.commit(verdict.host)
         hidden = done.verified.hidden
@@ -185,7 +186,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         run.committed.append(commit.kept.numel())
         run.lookup_tokens += done.lookup_tokens
         run.steps += 1
-        parts.budget.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
+        parts.budget.observe(StepResult(step.rows.real.numel(), COST.cost(step.rows.real.numel())))
         for b, result in enumerate(verdict.results):
             emitted = result.emitted_tokens.tolist()
             run.outputs[b] += emitted

@@ -1,9 +1,9 @@
 """A small random-weight Llama-shaped target in plain torch (RMSNorm, RoPE, grouped-query attention, SwiGLU) with a
 KV cache per request: the target the decode step verifies against where SGLang is absent (the GPU machine) or too
 heavy (unit tests). Its verify forward reads the step's rows with the tree mask and the prefix columns, as SGLang's
-FlashInfer backend gets them (`layout.verify_forward_input`); its commit keeps the K/V of the rows on the accepted path,
-as the worker's commit keeps them; it hands the drafter the outputs of its capture layers, as SGLang's capture hook
-does. Float64, so no batch shape can flip an argmax.
+FlashInfer backend gets them (`layout.verify_forward_input`: each request's real rows); its commit keeps the K/V of
+the rows on the accepted path, as the worker's commit keeps them; it hands the drafter the outputs of its capture
+layers, as SGLang's capture hook does. Float64, so no batch shape can flip an argmax.
 """
 
 from collections.abc import Callable, Sequence
@@ -13,7 +13,7 @@ import torch
 
 from sgl_dspark.drafter.fresh import hf_config_for_target, random_drafter
 from sgl_dspark.drafter.model import TargetWeights
-from sgl_dspark.layout import AcceptRows, verify_forward_input
+from sgl_dspark.layout import AcceptRows, VerifyForwardInput
 
 
 @dataclass(frozen=True)
@@ -124,25 +124,26 @@ class LlamaTarget:
         self.keys[b], self.values[b] = out.keys, out.values
         return out.features
 
-    def verify(self, rows, seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's packed rows (VerifyRows) -> (logits [bs * width, V], features [bs * width, F]), request by
-        request over each one's cache, with the mask the GPU backend reads (prefix columns first)."""
-        width = rows.width
-        mask = verify_forward_input(rows, seq_lens, prefix_columns=True).mask
-        outs, at = [], 0
-        for b, n in enumerate(seq_lens):
-            span = width * (n + width)
-            at, m = at + span, mask[at:at + span].view(width, n + width)
-            outs.append(self.forward(rows.tokens[b * width:(b + 1) * width], rows.positions[b * width:(b + 1) * width],
+    def verify(self, verify: VerifyForwardInput, seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's verify input (each request's real rows, the mask with the prefix columns, as the GPU backend reads
+        it) -> (logits [R, V], features [R, F]), request by request over each one's cache."""
+        outs, at, row = [], 0, 0
+        for b, (n, size) in enumerate(zip(seq_lens, verify.sizes)):
+            span = size * (n + size)
+            at, m = at + span, verify.mask[at:at + span].view(size, n + size)
+            outs.append(self.forward(verify.tokens[row:row + size], verify.positions[row:row + size],
                                      (self.keys[b], self.values[b]), m))
+            row += size
         self.last = Forward(torch.cat([o.logits for o in outs]), torch.cat([o.features for o in outs]),
                             torch.cat([o.keys for o in outs], 1), torch.cat([o.values for o in outs], 1))
+        self.last_row = torch.full((verify.width * len(seq_lens),), -1, dtype=torch.long)  # flat row -> its real row
+        self.last_row[verify.real] = torch.arange(verify.real.numel())
         return self.last.logits, self.last.features
 
     def commit(self, accepted: AcceptRows) -> None:
         """Keep each request's root and accepted rows of the last verify forward in its cache."""
         for b, index in enumerate(accepted.accept_index):
-            kept = index[index >= 0].to(self.device)
+            kept = self.last_row[index[index >= 0].cpu()].to(self.device)
             self.append(b, self.last.keys[:, kept], self.last.values[:, kept])
 
     def append(self, b: int, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -195,6 +195,7 @@ class DSparkWorker(BaseSpecWorker):
                            sampler_batch(batch.sampling_info), self.generator,
                            lambda step, logits: self.custom_logits(batch, step, logits))
         step, verdict, logits_output = done.step, done.verdict, done.verified.output
+        logits_output.next_token_logits = done.verified.logits  # in the fixed width, as logprobs index it
         if batch.return_logprob:
             self.logprobs(batch, logits_output, verdict.rows, step.rows.width)
         new_seq_lens = self.commit(batch, done)
@@ -236,7 +237,7 @@ class DSparkWorker(BaseSpecWorker):
     def observe(self, batch, step: DecodeStep, accepted: AcceptRows, clock: StepClock, hits: int,
                 share_s: float, lookup_tokens: int) -> None:
         """The step's cost to the verify budget (its online refit) and to the gate, its statistics to the metrics."""
-        self.budget.observe(StepResult(step.rows.tokens.numel(), clock.verify_s))
+        self.budget.observe(StepResult(step.rows.real.numel(), clock.verify_s))
         verified, taus, tail_s = step.rows.sizes.tolist(), accepted.accept_lens.tolist(), clock.since_verified()
         if self.gate is not None:
             host_s = None if self.last_decode_end is None else clock.start - self.last_decode_end

@@ -13,12 +13,12 @@ from sgl_dspark.cost import StepCostTable
 from sgl_dspark.budget import (BUDGETS, CostedBudget, Knobs, LaggedBudget, PlanInput,
                                   PrefixBudget, StepResult, VerifyAll, candidates, early_stop_budget,
                                   global_budget, level_ends, level_sequence, make_pool, make_budget,
-                                  padded_tokens, path_products, rank_within_request, throughput)
+                                  batch_rows, path_products, rank_within_request, throughput)
 from sgl_dspark.tree import DraftTree, depths, survival
 
 KNOBS = Knobs(min_verify=0, max_verify=None, latency_target_s=None, refit_alpha=0.0)
-# B -> seconds; Theta for the two-request batch below, its open nodes in level order (.9 .5 | .72 .25 | .144; rows
-# padded to the widest request, B = 2, 4, 4, 6, 6, 8): [2.0, 2.636, 3.091, 2.747, 2.913, 1.806]
+# B -> seconds; Theta for the two-request batch below, its open nodes in level order (.9 .5 | .72 .25 | .144; a row
+# per root and admitted node, B = 2 .. 7): [2.0, 2.9, 3.091, 3.433, 2.913, 2.257], looked at the level ends 0, 2, 4, 5
 TABLE = StepCostTable((2, 3, 4, 5, 6, 7), (1.0, 1.0, 1.1, 1.2, 1.5, 2.0))
 
 
@@ -66,15 +66,15 @@ def test_candidates_are_in_survival_order():
 
 def test_prefix_two_requests_literal():
     plan = PrefixBudget(KNOBS, TABLE).plan(TWO)
-    assert selected(plan) == [[0, 1], [0, 1]]  # request 1's first node rides free in the width request 0 pays for
-    assert plan.verify_lengths.tolist() == [1, 1]  # the second level widens the batch: it does not pay
+    assert selected(plan) == [[0, 1], [0, 1]]  # level 1 raises Theta (3.091 against 2.0)
+    assert plan.verify_lengths.tolist() == [1, 1]  # level 2 lowers it (2.913): the stop, though 3.433 lies inside
     assert plan.batch_tokens == 4 and plan.expected_accepts == pytest.approx(2 + 0.9 + 0.5)
 
 
 def test_level_stop_admits_what_a_node_by_node_stop_misses():
-    """Four requests, B = 4 (1 + width): the first node widens the batch to 8 rows for +.6, which alone lowers
-    Theta (4.6 / 1.4 < 4 / 1.2), while the whole level gains 2.4 for the same rows (6.4 / 1.4)."""
-    table = StepCostTable((4, 8, 12), (1.2, 1.4, 2.4))
+    """Four requests, B = 4: the step's cost jumps at the fifth row (a kernel's row-count cliff), so the first node
+    alone lowers Theta (4.6 / 1.45 < 4 / 1.2), while the whole level gains 2.4 for little more (6.4 / 1.5)."""
+    table = StepCostTable((4, 5, 8, 12), (1.2, 1.45, 1.5, 2.4))
     batch = PlanInput(tuple(chain(0.6, 0.5) for _ in range(4)))
     plan = PrefixBudget(KNOBS, table).plan(batch)
     assert plan.verify_lengths.tolist() == [1, 1, 1, 1] and plan.batch_tokens == 8  # level 2: 7.6 / 2.4, stop
@@ -85,20 +85,21 @@ def test_throughput_curve_literal():
     everything = torch.ones(5, dtype=torch.bool)
     pool = make_pool(c, ~everything, level_sequence(c, everything), TWO)
     theta = throughput(pool, TABLE)
-    assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.636, 3.091, 2.747, 2.913, 1.806]
+    assert [round(v, 3) for v in theta.tolist()] == [2.0, 2.9, 3.091, 3.433, 2.913, 2.257]
     assert pool.level_ends.tolist() == [0, 2, 4, 5]
 
 
-def test_padded_tokens_price_the_widest_request():
+def test_batch_rows_count_each_root_and_admitted_node_once():
+    """The verify forward runs real rows only: a node costs one row whichever request it widens."""
     two = PlanInput((chain(0.9, 0.8), chain(0.5)))
     c = candidates(two.trees)  # admission order: request 0, request 0, request 1
     everything = torch.ones(3, dtype=torch.bool)
-    assert padded_tokens(c, ~everything, torch.arange(3), 0).tolist() == [2, 4, 6, 6]
-    assert padded_tokens(c, ~everything, torch.tensor([0, 2, 1]), 0).tolist() == [2, 4, 4, 6]
-    forced = torch.tensor([False, False, True])  # request 1's node forced in: width 1 from the start
-    assert padded_tokens(c, forced, torch.arange(2), 3).tolist() == [7, 7, 9]
-    assert padded_tokens(candidates(()), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long),
-                         0).tolist() == [0]
+    assert batch_rows(c, ~everything, torch.arange(3), 0).tolist() == [2, 3, 4, 5]
+    assert batch_rows(c, ~everything, torch.tensor([0, 2, 1]), 0).tolist() == [2, 3, 4, 5]
+    forced = torch.tensor([False, False, True])  # request 1's node forced in
+    assert batch_rows(c, forced, torch.arange(2), 3).tolist() == [6, 7, 8]
+    assert batch_rows(candidates(()), torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long),
+                      0).tolist() == [0]
 
 
 def test_whole_step_overhead_prices_the_budget():
@@ -108,7 +109,7 @@ def test_whole_step_overhead_prices_the_budget():
     everything = torch.ones(5, dtype=torch.bool)
     fixed = dataclasses.replace(TWO, overhead_s=1.0)
     theta = throughput(make_pool(c, ~everything, level_sequence(c, everything), fixed), TABLE)
-    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.381, 1.619, 1.648, 1.748, 1.29]
+    assert [round(v, 3) for v in theta.tolist()] == [1.0, 1.45, 1.619, 1.873, 1.748, 1.505]
     per_token = dataclasses.replace(TWO, overhead_per_token_s=1.2)  # level 1: 3.4 / (1.1 + 4.8) < 2 / (1 + 2.4)
     assert PrefixBudget(KNOBS, TABLE).plan(TWO).verify_lengths.tolist() == [1, 1]
     assert PrefixBudget(KNOBS, TABLE).plan(per_token).verify_lengths.tolist() == [0, 0]
@@ -117,7 +118,7 @@ def test_whole_step_overhead_prices_the_budget():
 def test_off_verifies_everything_drafted():
     plan = VerifyAll(KNOBS).plan(TWO)
     assert selected(plan) == [[0, 1, 2, 3], [0, 1, 2]]
-    assert plan.verify_lengths.tolist() == [3, 2] and plan.batch_tokens == 8  # 2 x (1 + 3)
+    assert plan.verify_lengths.tolist() == [3, 2] and plan.batch_tokens == 7  # 2 roots + 5 nodes
 
 
 def test_lagged_uses_the_budget_of_two_plans_ago():
@@ -183,7 +184,7 @@ def test_every_mode_selects_prefix_closed_sets_with_the_root(mode):
                 assert all(int(t.parents[i]) in nodes for i in nodes[1:])
                 assert knobs.max_verify is None or length <= knobs.max_verify
                 assert length >= min(knobs.min_verify, t.size - 1)
-            assert plan.batch_tokens == len(trees) * (1 + int(plan.verify_lengths.max()))
+            assert plan.batch_tokens == len(trees) + int(plan.verify_lengths.sum())
 
 
 def test_min_and_max_verify():
@@ -199,7 +200,7 @@ def test_min_and_max_verify():
 def test_latency_target_shrinks_the_batch():
     linear = StepCostTable((1, 10), (0.010, 0.019))  # 1 ms per token beyond the first; tokens nearly free
     batch = PlanInput((chain(0.9, 0.9, 0.9), chain(0.9, 0.9)))
-    assert PrefixBudget(KNOBS, linear).plan(batch).batch_tokens == 8  # 2 x (1 + 3)
+    assert PrefixBudget(KNOBS, linear).plan(batch).batch_tokens == 7  # 2 roots + 5 nodes
     plan = PrefixBudget(Knobs(0, None, 0.0135, 0.0), linear).plan(batch)  # B <= 4.5 tokens
     assert plan.batch_tokens == 4 and selected(plan) == [[0, 1], [0, 1]]
     floor = PrefixBudget(Knobs(1, None, 0.001, 0.0), linear).plan(batch)  # forced nodes stay in
@@ -208,7 +209,7 @@ def test_latency_target_shrinks_the_batch():
 
 def test_extra_tokens_count_in_the_batch():
     plan = PrefixBudget(KNOBS, TABLE).plan(PlanInput(TWO.trees, extra_tokens=2))
-    assert plan.batch_tokens == 2 + 2 * (1 + int(plan.verify_lengths.max()))
+    assert plan.batch_tokens == 2 + 2 + int(plan.verify_lengths.sum())
     assert selected(plan) == [[0, 1], [0, 1]]  # B starts at 4: Theta 2/1.1, 3.4/1.5, 4.37/2.5 (padded) -> stop
 
 

@@ -58,17 +58,17 @@ def test_the_best_requests_speculate_first():
     assert top.speculate.tolist() == [False, True]
 
 
-def test_the_batch_is_priced_padded_to_the_widest_request():
-    """Verifying costs 1 s plus 0.25 s per row beyond 2. Alone, 4 verified drafts make 5 rows (1.75 s): 2 tokens
-    per 1.75 s beats 1 per second. Beside an idle request they make 2 x 5 rows (3 s): 3 tokens per 3 s lose to
-    2 per second (unpadded, 6 rows and 2 s, they would win)."""
-    steep = StepCostTable((2, 10), (1.0, 3.0))
+def test_the_batch_is_priced_by_its_real_rows():
+    """Verifying costs 1 s plus 0.1 s per row beyond 2. Alone, 4 verified drafts make 5 rows (1.3 s): 2 tokens per
+    1.3 s beats 1 per second. Beside an idle request they make 6 rows (1.4 s: the verify forward runs no padding):
+    3 tokens per 1.4 s beat 2 per second; padded to the widest (10 rows, 1.8 s) they would have lost."""
+    steep = StepCostTable((2, 10), (1.0, 1.8))
     zero = LinearCost(0.0)
     model = StepCosts(steep, draft=zero, floor=zero, tail=zero, host=zero)
     alone = choose([Outlook(1.0, 4.0)], model, 0.0)
-    assert alone.speculate.tolist() == [True] and alone.predicted_gain == pytest.approx(2 / 1.75)
+    assert alone.speculate.tolist() == [True] and alone.predicted_gain == pytest.approx(2 / 1.3)
     beside = choose([Outlook(1.0, 4.0), Outlook(0.0, 0.0)], model, 0.0)
-    assert beside.speculate.tolist() == [False, False] and beside.predicted_gain == 1.0
+    assert beside.speculate.tolist() == [True, False] and beside.predicted_gain == pytest.approx(3 / 1.4 / 2)
 
 
 def test_the_baseline_is_the_faster_of_this_servers_floor_and_plain_sglangs_step():

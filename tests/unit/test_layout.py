@@ -2,7 +2,7 @@
 
 import torch
 
-from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, pack_trees, verify_forward_input
+from sgl_dspark.layout import AcceptRows, accept_rows, kv_moves, pack_trees, padded, verify_forward_input
 from sgl_dspark.tree import DraftTree
 from sgl_dspark.verify import VerifyResult
 
@@ -50,17 +50,26 @@ def test_kv_moves_only_rows_off_the_front():
     assert [t.tolist() for t in kv_moves(chain, width=3)] == [[], []]
 
 
-def test_the_verify_forward_input_flattens_the_mask_without_prefix_columns():
+def test_the_verify_forward_input_runs_the_real_rows_alone_without_prefix_columns():
     rows = pack_trees([tree([5, 6], [-1, 0]), tree([9], [-1])], seq_lens=[3, 1])
     batch = verify_forward_input(rows, [3, 1], prefix_columns=False)
-    assert batch.tokens.tolist() == [5, 6, 9, 9] and batch.positions.tolist() == [3, 4, 1, 2]
-    assert batch.width == 2
+    assert batch.tokens.tolist() == [5, 6, 9] and batch.positions.tolist() == [3, 4, 1]  # no padding row
+    assert batch.sizes == (2, 1) and batch.width == 2 and batch.real.tolist() == [0, 1, 2]
     assert batch.mask.int().tolist() == [1, 0, 1, 1,  # chain 5 -> 6
-                                         1, 0, 1, 1]  # anchor 9 and its padding node off the root
+                                         1]  # anchor 9 alone
 
 
 def test_the_verify_forward_input_puts_the_prefix_columns_first_when_asked():
-    rows = pack_trees([tree([5, 6], [-1, 0]), tree([9], [-1])], seq_lens=[3, 1])
-    mask = verify_forward_input(rows, [3, 1], prefix_columns=True).mask.int().tolist()
-    assert mask == [1, 1, 1, 1, 0, 1, 1, 1, 1, 1,  # 3 cached tokens, then the block
-                    1, 1, 0, 1, 1, 1]  # 1 cached token, then the block
+    rows = pack_trees([tree([9], [-1]), tree([5, 6], [-1, 0])], seq_lens=[1, 3])
+    batch = verify_forward_input(rows, [1, 3], prefix_columns=True)
+    assert batch.real.tolist() == [0, 2, 3]  # request 0's padding row (flat row 1) left out
+    assert batch.mask.int().tolist() == [1, 1,  # 1 cached token, then the anchor
+                                         1, 1, 1, 1, 0, 1, 1, 1, 1, 1]  # 3 cached tokens, then the block
+
+
+def test_padded_puts_the_real_rows_back_in_the_fixed_width():
+    rows = pack_trees([tree([9], [-1]), tree([5, 6], [-1, 0])], seq_lens=[1, 3])
+    values = torch.tensor([[1.0], [2.0], [3.0]])
+    assert padded(values, rows.real, rows.tokens.shape[0]).tolist() == [[1.0], [0.0], [2.0], [3.0]]
+    full = torch.ones(4, 2)
+    assert padded(full, rows.real, 4) is full  # already in the width (every request as wide as the widest)

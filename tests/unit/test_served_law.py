@@ -173,9 +173,10 @@ def target_law(kind: Kind) -> dict[tuple[int, ...], float]:
 # -- the served step around a synthetic target ---------------------------------------------------------------------
 
 def forward(step) -> Verified:
-    """The synthetic target's verify forward: row logits and features from its token and position."""
-    rows = step.rows
-    return Verified(TARGET_LOGITS[rows.positions % 3, rows.tokens].clone(), FEATURES[rows.positions % 3, rows.tokens])
+    """The synthetic target's verify forward on the real rows: row logits and features from its token and position."""
+    real = step.rows.real
+    positions, tokens = step.rows.positions[real] % 3, step.rows.tokens[real]
+    return Verified(TARGET_LOGITS[positions, tokens].clone(), FEATURES[positions, tokens])
 
 
 def features(tokens: list[int], positions: list[int]) -> torch.Tensor:
@@ -229,7 +230,7 @@ def serve(config: Config, draft_seed: int, verify_seed: int, tally: Served) -> l
         step, commit = done.step, done.commit
         client.write_context(ContextUpdate(pool[commit.front // step.rows.width, commit.positions], commit.positions,
                                            done.verified.hidden[commit.kept]))  # the drafter's context grows
-        parts.budget.observe(StepResult(step.rows.tokens.numel(), COST.cost(step.rows.tokens.numel())))
+        parts.budget.observe(StepResult(step.rows.real.numel(), COST.cost(step.rows.real.numel())))
         for b, result in enumerate(done.verdict.results):
             emitted = [*result.accepted_tokens.tolist(), result.bonus_token]
             outputs[b] += emitted
