@@ -20,11 +20,12 @@ Glossary (used the same way in every module):
 - slot: a KV-cache slot, the index of one token's entry in SGLang's token-to-KV pool (`out_cache_loc`,
   `req_to_token`). A request's context is the list of its tokens' slots; the drafter stores its context rows at the
   same slot ids, so a radix-cache prefix hit reuses draft context too.
-- verify rows: what the target's verify forward runs on, request after request, `width` rows each: the scheduled
-  block's nodes (anchor first), then padding nodes that repeat the anchor, hang off the root and are never accepted;
-  each row with its position (its parent's + 1) and a tree-mask row that sees the cached prefix, itself and its
-  ancestors only (`layout.VerifyRows`).
-- width: the verify rows per request in one step: the largest scheduled block of the step, anchor included
+- verify rows: what the target's verify forward runs on, request after request: each request's scheduled block's
+  nodes (anchor first) and nothing else (no padding), each row with its position (its parent's + 1) and a tree-mask
+  row that sees the cached prefix, itself and its ancestors only (`layout.verify_forward_input`). Acceptance and the
+  commit read the forward's outputs laid out `width` rows per request (`layout.VerifyRows`, `layout.padded`): there
+  a smaller block is followed by padding nodes that repeat the anchor, hang off the root and are never accepted.
+- width: the rows per request of that layout in one step: the largest scheduled block of the step, anchor included
   (`layout.pack_trees`); it changes every step and never exceeds the stride.
 - stride: the rows SGLang reserves per request for a verify step, fixed at start-up: 1 + the most draft nodes one
   request can verify (`DSparkKnobs.verify_nodes`; SGLang's `speculative_num_draft_tokens`). No block may have more

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attention_backends.mask import (MaskLayout, chain_mask, dense_verify_masks, flatten_masks, layout_numel,
-                                     with_prefix)
+from attention_backends.mask import (ROW_COUNTS, MaskLayout, chain_mask, dense_verify_masks, flatten_masks,
+                                     layout_numel, row_counts, with_prefix)
 from attention_backends.oracle import dense_attention, dense_tree_attention
 from attention_backends.paged import PagedTreeBatch, paged_tree_attention
 from sgl_dspark.tree import ancestor_mask
@@ -34,6 +34,11 @@ def test_with_prefix_prepends_visible_prefix_columns():
 def test_layout_numel():
     assert layout_numel(MaskLayout.DRAFT_ONLY, [1, 2], 2) == 8
     assert layout_numel(MaskLayout.FULL, [1, 2], 2) == 2 * 3 + 8
+    assert layout_numel(MaskLayout.DRAFT_ONLY, [1, 2], [3, 1]) == 9 + 1  # ragged: 3 rows, then 1
+    assert layout_numel(MaskLayout.FULL, [1, 2], [3, 1]) == 3 * 4 + 1 * 3
+    assert row_counts(2, 3) == [2, 2, 2] and row_counts([1, 3], 2) == [1, 3]
+    with pytest.raises(ValueError, match="3 verify row counts for a batch of 2"):
+        row_counts([1, 2, 3], 2)
 
 
 def test_draft_only_layout_two_requests():
@@ -179,13 +184,17 @@ def make_layer(q_heads: int, kv_heads: int, dim: int, scale: float):
 
 
 @pytest.mark.parametrize("layout", [MaskLayout.DRAFT_ONLY, MaskLayout.FULL])
-def test_backend_target_verify_matches_oracle_and_writes_kv(layout):
+@pytest.mark.parametrize("counts", [None, [4, 1], [2, 4]])
+def test_backend_target_verify_matches_oracle_and_writes_kv(layout, counts):
+    """Two requests of 4 verify rows each (SGLang's uniform batch, counts None), or ragged as the dspark worker hands
+    them (the spec info's ROW_COUNTS): each request's own rows, its keys its prefix and those rows."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from attention_backends.reference import TreeTorchNativeAttnBackend
 
     gen = torch.Generator().manual_seed(7)
     q_heads, kv_heads, dim, n, scale = 6, 2, 8, 4, 0.25
+    sizes = counts or [n, n]
     prefix_lens, pool_rows = [3, 6], [2, 0]
     pool = FakeKVPool(32, kv_heads, dim, gen)
     req_to_token = torch.zeros(3, 16, dtype=torch.int64)
@@ -196,18 +205,22 @@ def test_backend_target_verify_matches_oracle_and_writes_kv(layout):
                              token_to_kv_pool=pool)
     backend = TreeTorchNativeAttnBackend(runner, mask_layout=layout)
 
-    drafts = [random_tree_mask(n, gen), chain_mask(n)]
+    drafts = [random_tree_mask(sizes[0], gen), chain_mask(sizes[1])]
     dense = [with_prefix(m, p) for m, p in zip(drafts, prefix_lens)]
     draft_only = layout is MaskLayout.DRAFT_ONLY
     custom_mask = torch.cat([m.reshape(-1) for m in drafts]) if draft_only else flatten_masks(dense)
-    out_cache_loc = torch.cat([req_to_token[row, p:p + n] for row, p in zip(pool_rows, prefix_lens)])
+    out_cache_loc = torch.cat([req_to_token[row, p:p + c] for row, p, c in zip(pool_rows, prefix_lens, sizes)])
     seq_lens = torch.tensor(prefix_lens)
+    spec_info = SimpleNamespace(draft_token_num=n, custom_mask=custom_mask)
+    if counts is not None:
+        setattr(spec_info, ROW_COUNTS, counts)
     batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
                             req_pool_indices=torch.tensor(pool_rows), out_cache_loc=out_cache_loc, encoder_lens=None,
-                            spec_info=SimpleNamespace(draft_token_num=n, custom_mask=custom_mask))
-    q = torch.randn(2 * n, q_heads * dim, generator=gen)
-    k = torch.randn(2 * n, kv_heads * dim, generator=gen)
-    v = torch.randn(2 * n, kv_heads * dim, generator=gen)
+                            spec_info=spec_info)
+    total = sum(sizes)
+    q = torch.randn(total, q_heads * dim, generator=gen)
+    k = torch.randn(total, kv_heads * dim, generator=gen)
+    v = torch.randn(total, kv_heads * dim, generator=gen)
     prefix_kv = [(pool.k[req_to_token[row, :p]].clone(), pool.v[req_to_token[row, :p]].clone())
                  for row, p in zip(pool_rows, prefix_lens)]
 
@@ -216,12 +229,14 @@ def test_backend_target_verify_matches_oracle_and_writes_kv(layout):
 
     torch.testing.assert_close(pool.k[out_cache_loc], k.view(-1, kv_heads, dim))
     torch.testing.assert_close(pool.v[out_cache_loc], v.view(-1, kv_heads, dim))
-    for b, ((pk, pv), mask) in enumerate(zip(prefix_kv, dense)):
-        rows = slice(b * n, (b + 1) * n)
-        keys = torch.cat([pk, k[rows].view(n, kv_heads, dim)])
-        values = torch.cat([pv, v[rows].view(n, kv_heads, dim)])
-        want = dense_attention(q[rows].view(n, q_heads, dim), keys, values, mask, scale)
-        torch.testing.assert_close(got[rows].view(n, q_heads, dim), want, atol=1e-5, rtol=1e-5)
+    start = 0
+    for (pk, pv), mask, c in zip(prefix_kv, dense, sizes):
+        rows = slice(start, start + c)
+        start += c
+        keys = torch.cat([pk, k[rows].view(c, kv_heads, dim)])
+        values = torch.cat([pv, v[rows].view(c, kv_heads, dim)])
+        want = dense_attention(q[rows].view(c, q_heads, dim), keys, values, mask, scale)
+        torch.testing.assert_close(got[rows].view(c, q_heads, dim), want, atol=1e-5, rtol=1e-5)
 
 
 def test_backend_chain_verify_equals_torch_native_extend():

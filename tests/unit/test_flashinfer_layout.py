@@ -1,6 +1,7 @@
 """What FlashInfer will read from the verify plan, checked on CPU: `TreeCSR` (indptrs, key slots, flat mask) against
-a pure-Python model of FlashInfer's documented layout, mixed-size trees padded as `pack_trees` pads them, and the
-key gather through SGLang's KV index table."""
+a pure-Python model of FlashInfer's documented layout, mixed-size trees as the worker's ragged verify batch lays them
+out (and padded to one width, as SGLang's own verify batches are), and the key gather through SGLang's KV index
+table."""
 
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import torch
 from attention_backends.csr import TreeCSR, csr_of, table_slots, verify_csr
 from attention_backends.mask import MaskLayout, chain_mask, flatten_masks, full_layout, with_prefix
 from attention_backends.paged import PagedTreeBatch
-from sgl_dspark.layout import pack_trees
+from sgl_dspark.layout import pack_trees, verify_forward_input
 from sgl_dspark.tree import DraftTree
 
 T, F = True, False
@@ -100,6 +101,27 @@ def test_mixed_tree_sizes_padded_as_pack_trees_pads_them():
                                  [T, T, T, F, T, F],
                                  [T, T, T, F, F, T]]  # fmt: skip
     assert got_slots == [list(range(0, 8)), list(range(8, 12)), list(range(12, 18))]
+
+
+def test_mixed_tree_sizes_in_the_workers_ragged_batch_read_their_own_rows_only():
+    """The same three trees as the worker hands them to the forward (`verify_forward_input`): 4, 1 and 2 rows."""
+    seq_lens = [4, 0, 2]
+    rows = pack_trees([tree([-1, 0, 1, 1]), tree([-1]), tree([-1, 0])], seq_lens)
+    verify = verify_forward_input(rows, seq_lens, prefix_columns=True)
+    mask = full_layout(verify.mask, seq_lens, verify.sizes, MaskLayout.FULL)
+    slots = torch.arange(sum(seq_lens) + sum(verify.sizes))
+    csr = verify_csr(seq_lens, verify.sizes, slots, mask)
+    assert csr.qo_indptr.tolist() == [0, 4, 5, 7] and csr.kv_indptr.tolist() == [0, 8, 9, 13]
+    masks, got_slots = flashinfer_reads(csr)
+    assert masks[0].tolist() == [[T, T, T, T, T, F, F, F],
+                                 [T, T, T, T, T, T, F, F],
+                                 [T, T, T, T, T, T, T, F],
+                                 [T, T, T, T, T, T, F, T]]  # fmt: skip
+    assert masks[1].tolist() == [[T]]  # the lone root: no padding rows
+    assert masks[2].tolist() == [[T, T, T, F], [T, T, T, T]]
+    assert got_slots == [list(range(0, 8)), [8], list(range(9, 13))]
+    draft_only = verify_forward_input(rows, seq_lens, prefix_columns=False).mask
+    assert torch.equal(full_layout(draft_only, seq_lens, verify.sizes, MaskLayout.DRAFT_ONLY), mask)
 
 
 def test_draft_only_and_full_layouts_give_one_flashinfer_mask():
