@@ -117,9 +117,11 @@ def shm_files():
     return set(glob.glob(f"/dev/shm/sgl_dspark_{os.getpid()}_*"))
 
 
-def wait_until_served(client, b, deadline_s=20.0):
-    """Propose until the restarted worker answers (DraftWorkerUnavailable meanwhile)."""
-    end = time.monotonic() + deadline_s
+def wait_until_served(client, b):
+    """Propose until the restarted worker answers (DraftWorkerUnavailable meanwhile), for as long as the supervisor
+    itself waits for a start: its first backoff plus the start timeout (a spawn that imports torch and loads the
+    drafter took over 20 s beside CI's servers)."""
+    end = time.monotonic() + client.settings.restart_backoff_s[0] + client.settings.start_timeout_s
     while True:
         try:
             return client.propose(b)
