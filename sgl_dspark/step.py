@@ -204,7 +204,7 @@ def root_only(req: StepRequest, vocab: int) -> DraftTree:
 def draft_batch(reqs: Sequence[StepRequest], seq_lens: Sequence[int], anchors: Sequence[int]) -> DraftBatch:
     """What the drafter needs of these requests, with their anchors at `seq_lens` (this step's, or the next's when
     drafting ahead)."""
-    return DraftBatch(context_slots=tuple(r.slots[:n].cpu().long() for r, n in zip(reqs, seq_lens)),
+    return DraftBatch(context_slots=tuple(r.slots[:n].long() for r, n in zip(reqs, seq_lens)),  # on their device
                       anchors=torch.tensor(list(anchors), dtype=torch.long),
                       anchor_positions=torch.tensor(list(seq_lens), dtype=torch.long),
                       sampling=tuple(r.sampling for r in reqs), rids=tuple(r.rid for r in reqs))

@@ -65,6 +65,13 @@ def request_penalties(req) -> Penalties:
     return Penalties(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, p.min_new_tokens, tuple(stops))
 
 
+def host_ints(batch, name: str) -> list[int]:
+    """SGLang's batch tensor `name` as ints, from the copy its scheduler keeps on the host (`<name>_cpu`) when it
+    has one, so the step does not wait on the device for it."""
+    host = getattr(batch, f"{name}_cpu", None)
+    return (host if host is not None else getattr(batch, name)).tolist()
+
+
 def refuse_unsupported(reqs) -> None:
     """Requests using a feature DSPARK cannot serve exactly (sgl_dspark.features) end with a 400 and one line."""
     from http import HTTPStatus
@@ -144,7 +151,8 @@ class DSparkWorker(BaseSpecWorker):
         self.seed_first_tokens(batch, result)
         features = result.logits_output.hidden_states
         result.logits_output.hidden_states = None
-        self.write_context(batch.out_cache_loc, self.extend_positions(batch), features)
+        self.write_context(batch.out_cache_loc, self.extend_positions(batch), features,
+                           tuple(req.rid for req in batch.reqs))  # their contexts start (over) here
         bs = len(batch.reqs)
         tokens = torch.zeros(bs, self.stride, dtype=torch.long)
         tokens[:, 0] = result.next_token_ids.cpu()
@@ -180,9 +188,10 @@ class DSparkWorker(BaseSpecWorker):
         parts = [torch.arange(p, p + n) for p, n in zip(batch.prefix_lens, batch.extend_lens)]
         return torch.cat(parts).to(torch.long)
 
-    def write_context(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+    def write_context(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor,
+                      restart: tuple[str, ...] = ()) -> None:
         try:
-            self.client.write_context(ContextUpdate(slots.long(), positions, features.detach()))  # where they are
+            self.client.write_context(ContextUpdate(slots.long(), positions, features.detach(), restart))  # in place
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 
@@ -200,7 +209,7 @@ class DSparkWorker(BaseSpecWorker):
             self.logprobs(batch, logits_output, verdict.rows, step.rows.width)
         new_seq_lens = self.commit(batch, done)
         if self.setup.config.draft_ahead and self.setup.config.drafts:  # early: it overlaps the rest of the step
-            self.draft_ahead(reqs, new_seq_lens, verdict.host)
+            self.draft_ahead(reqs, verdict.host)
         self.trace(batch, step, verdict.results)
         logits_output.hidden_states = None
         if on_publish is not None:
@@ -218,12 +227,13 @@ class DSparkWorker(BaseSpecWorker):
         return Verified(out.logits_output.next_token_logits, out.logits_output.hidden_states, out.logits_output)
 
     def step_requests(self, batch) -> list[StepRequest]:
-        """The batch's requests as the step sees them (sgl_dspark.step)."""
+        """The batch's requests as the step sees them (sgl_dspark.step), from the host's copies of SGLang's lengths
+        and pool rows (no read of the device's)."""
         req_to_token = self.req_to_token_pool.req_to_token  # each request's row, a view
         return [StepRequest(req.rid, req.origin_input_ids, req.output_ids, n, req_to_token[i], request_sampling(req),
                             req.sampling_params.sampling_seed, request_penalties(req), req.sampling_params.logit_bias,
                             req.grammar, bool(req.custom_logit_processor))
-                for req, i, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist())]
+                for req, i, n in zip(batch.reqs, host_ints(batch, "req_pool_indices"), host_ints(batch, "seq_lens"))]
 
     def trace(self, batch, step: DecodeStep, results: list[VerifyResult]) -> None:
         if self.tracer is not None:
@@ -265,13 +275,14 @@ class DSparkWorker(BaseSpecWorker):
         """Counted per cause on /metrics and logged once per cause and log window (sgl_dspark.observe)."""
         self.metrics.draft_worker_failed(exc.cause, str(exc))
 
-    def draft_ahead(self, reqs: list[StepRequest], new_seq_lens: torch.Tensor, accepted) -> None:
+    def draft_ahead(self, reqs: list[StepRequest], accepted: AcceptRows) -> None:
         """The next step's drafting starts now, on the draft worker's core, while this process finishes the step
-        (the request set may change before then: the worker keeps only drafts whose request key still matches)."""
+        (the request set may change before then: the worker keeps only drafts whose request key still matches).
+        `accepted`: the verdict on the host."""
         lens = accepted.accept_lens.long()
         anchors = accepted.tokens[torch.arange(lens.shape[0]), lens - 1].tolist()  # each request's bonus token
         try:
-            self.client.draft_ahead(draft_batch(reqs, new_seq_lens.cpu().tolist(), anchors))
+            self.client.draft_ahead(draft_batch(reqs, [r.seq_len + n for r, n in zip(reqs, lens.tolist())], anchors))
         except DraftWorkerUnavailable as exc:
             self.draft_failed(exc)
 

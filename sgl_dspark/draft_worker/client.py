@@ -52,6 +52,8 @@ class ContextUpdate:
     slots: torch.Tensor  # [T] int64 target KV slot ids
     positions: torch.Tensor  # [T] int64 absolute positions
     features: torch.Tensor  # [T, n_target_layers * hidden] float
+    restart: tuple[str, ...] = ()  # request ids whose context starts over (a prefill: new, or retracted and back):
+    # the drafter drops what it keeps for them, and otherwise takes a request's context as only ever growing
 
 
 @dataclass(frozen=True)

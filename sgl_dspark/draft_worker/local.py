@@ -25,7 +25,9 @@ RETAIN_CALLS = PROBE_EVERY + 1  # a request's context buffer is dropped once thi
 class SlotContextStore:
     """Context K/V rows of every draft layer, one row per target KV slot (written once, where prefill and the commit
     put them; a radix-cache prefix hit reuses them); drafting reads each request's rows from a buffer of its own,
-    extended by the rows written since its last draft (`context`)."""
+    extended by the rows written since its last draft (`context`). A request's context only grows between its
+    prefills, which name it (ContextUpdate.restart), so a buffer is extended by its length alone: no slot id is read
+    back from the device to check it."""
 
     def __init__(self, drafter: DSparkDrafter, num_slots: int) -> None:
         cfg = drafter.config
@@ -46,6 +48,9 @@ class SlotContextStore:
     @torch.inference_mode()
     def write(self, update: ContextUpdate) -> None:
         """Rows from features wherever they are (the target's device: no copy when the drafter is there too)."""
+        for rid in update.restart:
+            self.buffers.pop(rid, None)
+            self.last_call.pop(rid, None)
         features = update.features.to(self.device, self.pool.keys.dtype)
         rows = self.drafter.context_kv(features, update.positions.to(self.device))
         slots = update.slots.to(self.device)
@@ -54,7 +59,7 @@ class SlotContextStore:
 
     def context(self, batch: DraftBatch) -> PaddedContext | RequestContexts:
         """The batch's context rows: with request ids, each request's buffer extended by its new rows only (a new
-        request's, or one whose slots changed, built once from all of its rows); without, one padded copy of every
+        request's, or a restarted one's, built once from all of its rows); without, one padded copy of every
         request's rows."""
         if not batch.rids:
             self.rows_copied += sum(s.numel() for s in batch.context_slots)
@@ -67,15 +72,13 @@ class SlotContextStore:
         return RequestContexts(buffers)
 
     def extended(self, rid: str, slots: torch.Tensor) -> ContextBuffer:
-        buffer = self.buffers.get(rid)
-        if buffer is not None and buffer.extends(slots):
-            if slots.numel() > buffer.length:
-                new = slots[buffer.length:]
-                buffer.append(self.rows(new), new)
-        else:  # a new request, or one whose context changed (retracted, then prefilled again). A new request that
-            # reuses a recent one's id and its very slots in order (a client's own rids, no radix cache) would draft
-            # from the old rows: worse drafts for it, never a different output (every draft is verified)
-            buffer = self.buffers[rid] = ContextBuffer(self.rows(slots), slots, self.drafter.config.query_len)
+        buffer, n = self.buffers.get(rid), slots.shape[0]
+        if buffer is not None and n >= buffer.length:
+            if n > buffer.length:
+                buffer.append(self.rows(slots[buffer.length:]))
+        else:  # a new request, a restarted one, or a context shorter than its buffer. A request id reused without
+            # a prefill naming it would draft from the old rows: worse drafts, never a different output
+            buffer = self.buffers[rid] = ContextBuffer(self.rows(slots), self.drafter.config.query_len)
         return buffer
 
     def rows(self, slots: torch.Tensor) -> ContextKV:

@@ -51,6 +51,7 @@ class WriteContext(_Message):
     slots: TensorRef  # [T] int64
     positions: TensorRef  # [T] int64
     features: TensorRef  # [T, n_target_layers * hidden]
+    restart: tuple[str, ...] = ()  # request ids whose context starts over (ContextUpdate.restart)
 
 
 class Propose(_Message):

@@ -117,7 +117,8 @@ class Worker:
         return self.arena(ref.arena).view(ref)
 
     def write(self, message: WriteContext) -> Ack:
-        update = ContextUpdate(self.view(message.slots), self.view(message.positions), self.view(message.features))
+        update = ContextUpdate(self.view(message.slots), self.view(message.positions), self.view(message.features),
+                               message.restart)
         self.drafted.clear()  # the new rows may be context a draft made ahead has read
         self.engine.write_context(update)
         return Ack()

@@ -184,7 +184,7 @@ class ProcessDraftClient:
             slots = update.slots.cpu()  # the worker process drafts on the CPU: features cross to the host here
             with shm_errors(self.settings.shm_dir):
                 refs = self.requests.put_all([slots, update.positions.cpu(), update.features.cpu()])
-            self._call(WriteContext(*refs), self.settings.write_timeout_s, Ack)
+            self._call(WriteContext(*refs, restart=update.restart), self.settings.write_timeout_s, Ack)
             self.ledger.mark(slots)
 
     def propose(self, batch: DraftBatch) -> list[DraftTree]:

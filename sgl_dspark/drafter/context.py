@@ -60,40 +60,29 @@ class ContextBuffer:
     """One request's context rows in a buffer of its own [layers, capacity, kv_heads, head_dim], the first `length`
     real, grown by appending (by a quarter of its rows, at least HEADROOM, when it must grow), with `room` free rows
     kept after them: a drafting block's keys/values are written there and attention reads the buffer in place.
-    `slots` [length] int64 (host) are the target KV slots the rows came from, to tell whether a later context
-    extends this one."""
+    Which slots the rows came from is the caller's to know (SlotContextStore: a request's context only grows
+    between its prefills), so nothing here reads slot ids back from the device."""
 
-    def __init__(self, rows: ContextKV, slots: torch.Tensor, room: int) -> None:
+    def __init__(self, rows: ContextKV, room: int) -> None:
         self.room, self.length = room, 0
         self.keys = rows.keys.new_empty((rows.keys.shape[0], 0, *rows.keys.shape[2:]))
         self.values = self.keys.clone()
-        self._slots = torch.empty(0, dtype=torch.long)
-        self.append(rows, slots)
+        self.append(rows)
 
-    @property
-    def slots(self) -> torch.Tensor:
-        return self._slots[:self.length]
-
-    def extends(self, slots: torch.Tensor) -> bool:
-        """Whether a context with these slots [L] is this one's rows followed by more (or the same)."""
-        return slots.numel() >= self.length and torch.equal(slots[:self.length].long(), self.slots)
-
-    def append(self, rows: ContextKV, slots: torch.Tensor) -> None:
-        """rows (with their slots [n]) after the current ones."""
+    def append(self, rows: ContextKV) -> None:
+        """rows after the current ones."""
         end = self.length + rows.length
         if end + self.room > self.keys.shape[1]:
             capacity = end + self.room + max(HEADROOM, end // 4)
-            self.keys, self.values = (self._grown(t, capacity, 1) for t in (self.keys, self.values))
-            self._slots = self._grown(self._slots, capacity, 0)
+            self.keys, self.values = (self._grown(t, capacity) for t in (self.keys, self.values))
         self.keys[:, self.length:end] = rows.keys
         self.values[:, self.length:end] = rows.values
-        self._slots[self.length:end] = slots.long().cpu()
         self.length = end
 
-    def _grown(self, t: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:
-        """t with room for `capacity` rows along `dim`, its first `length` rows copied."""
-        out = t.new_empty((*t.shape[:dim], capacity, *t.shape[dim + 1:]))
-        out.narrow(dim, 0, self.length).copy_(t.narrow(dim, 0, self.length))
+    def _grown(self, t: torch.Tensor, capacity: int) -> torch.Tensor:
+        """t [layers, rows, ...] with room for `capacity` rows, its first `length` rows copied."""
+        out = t.new_empty((t.shape[0], capacity, *t.shape[2:]))
+        out[:, :self.length] = t[:, :self.length]
         return out
 
     def with_block(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -59,7 +59,7 @@ def test_buffers_draft_what_the_padded_copy_drafts_and_copy_only_new_rows():
     assert copied_all == [5 + 9 + sum(committed[:i]) for i in range(6)]  # every row, every step
 
 
-def test_a_changed_context_is_copied_again_and_idle_buffers_are_dropped():
+def test_a_restarted_context_is_copied_again_and_idle_buffers_are_dropped():
     client = LocalDraftClient(DRAFTER, DraftKnobs(), 256, seed=0)
     client.write_context(ContextUpdate(SLOTS[:40], torch.arange(40) % 20, features(40, 0)))
 
@@ -71,7 +71,9 @@ def test_a_changed_context_is_copied_again_and_idle_buffers_are_dropped():
     assert draft("a", SLOTS[:6]) == 6
     assert draft("a", SLOTS[:8]) == 2  # extended: the two new rows
     assert draft("a", SLOTS[:8]) == 0
-    assert draft("a", SLOTS[20:28]) == 8  # other slots (retracted, prefilled again): all of them again
+    client.write_context(ContextUpdate(SLOTS[20:28], torch.arange(8), features(8, 1), restart=("a",)))
+    assert "a" not in client.store.buffers  # prefilled again (retracted, then back): its rows are dropped
+    assert draft("a", SLOTS[20:28]) == 8  # and copied again, all of them
     assert draft("a", SLOTS[20:25]) == 5  # shorter than the buffer: not an extension
     for _ in range(RETAIN_CALLS):
         draft("b", SLOTS[30:32])
@@ -80,25 +82,43 @@ def test_a_changed_context_is_copied_again_and_idle_buffers_are_dropped():
     assert "a" not in client.store.buffers and "b" in client.store.buffers
 
 
+def test_a_restart_drafts_from_the_new_rows_not_the_old_ones():
+    """Without the restart a same-length context would be taken as the old one; with it, the draft is the one a
+    fresh client makes from the new rows."""
+    def first_tree(client, rid: str, context: torch.Tensor):
+        batch = DraftBatch((context,), torch.tensor([1]), torch.tensor([context.numel()]), (GREEDY,), (rid,))
+        return client.propose(batch)[0]
+
+    old, new = ContextUpdate(SLOTS[:6], torch.arange(6), features(6, 0)), ContextUpdate(
+        SLOTS[6:12], torch.arange(6), features(6, 5), restart=("a",))
+    client, fresh = LocalDraftClient(DRAFTER, DraftKnobs(), 256, seed=0), LocalDraftClient(DRAFTER, DraftKnobs(),
+                                                                                              256, seed=0)
+    client.write_context(old)
+    first_tree(client, "a", SLOTS[:6])
+    client.write_context(new)
+    fresh.write_context(new)
+    mine, theirs = first_tree(client, "a", SLOTS[6:12]), first_tree(fresh, "a", SLOTS[6:12])
+    torch.testing.assert_close(mine.confidence, theirs.confidence)
+    assert torch.equal(mine.tokens, theirs.tokens)
+
+
 def test_context_buffer_appends_grows_and_takes_the_block_after_its_rows():
     def rows(n: int, start: float) -> ContextKV:
         keys = start + torch.arange(n * 2 * 2 * 3, dtype=torch.float32).view(2, n, 2, 3)
         return ContextKV(keys, -keys)
 
-    buffer = ContextBuffer(rows(3, 0.0), torch.tensor([7, 1, 4]), room=2)
+    buffer = ContextBuffer(rows(3, 0.0), room=2)
     assert buffer.keys.shape[1] == 3 + 2 + HEADROOM and buffer.length == 3
-    buffer.append(rows(HEADROOM + 1, 100.0), torch.arange(HEADROOM + 1))  # one row more than fits: it grows
+    buffer.append(rows(HEADROOM + 1, 100.0))  # one row more than fits: it grows
     end = 3 + HEADROOM + 1
-    assert buffer.keys.shape[1] == end + 2 + max(HEADROOM, end // 4)
-    assert buffer.slots.tolist() == [7, 1, 4, *range(HEADROOM + 1)]
+    assert buffer.keys.shape[1] == end + 2 + max(HEADROOM, end // 4) and buffer.length == end
     assert torch.equal(buffer.keys[:, :3], rows(3, 0.0).keys)  # the rows before survive the growth
-    buffer = ContextBuffer(rows(3, 0.0), torch.tensor([7, 1, 4]), room=2)
-    buffer.append(rows(1, 100.0), torch.tensor([9]))
-    assert buffer.keys.shape[1] == 3 + 2 + HEADROOM and buffer.slots.tolist() == [7, 1, 4, 9]  # within its headroom
+    assert torch.equal(buffer.values[:, 3:end], -rows(HEADROOM + 1, 100.0).keys)
+    buffer = ContextBuffer(rows(3, 0.0), room=2)
+    buffer.append(rows(1, 100.0))
+    assert buffer.keys.shape[1] == 3 + 2 + HEADROOM and buffer.length == 4  # within its headroom
     assert torch.equal(buffer.keys[:, :3], rows(3, 0.0).keys)
     assert torch.equal(buffer.values[:, 3], -rows(1, 100.0).keys[:, 0])
-    assert buffer.extends(torch.tensor([7, 1, 4, 9, 2])) and buffer.extends(torch.tensor([7, 1, 4, 9]))
-    assert not buffer.extends(torch.tensor([7, 1, 4])) and not buffer.extends(torch.tensor([7, 1, 5, 9]))
     block = torch.full((2, 2, 3), 0.5)
     k, v = buffer.with_block(1, block, -block)
     assert k.shape == (6, 2, 3) and torch.equal(k[4:], block) and torch.equal(v[4:], -block)

@@ -20,6 +20,7 @@ ALL_MESSAGES = [
            64, 7, "bfloat16", 1, ("/dev/shm/sgl_dspark_1_a", "/dev/shm/sgl_dspark_1_b"), "/dev/shm/sgl_dspark_1_"),
     m.Ready(123, 9, 50),
     m.WriteContext(REF, REF, REF),
+    m.WriteContext(REF, REF, REF, restart=("r1", "r2")),
     m.Propose(REF, (5, 0, 3), REF, REF, (SamplingParams(0.0), SamplingParams(0.8, top_k=10)), "/dev/shm/b"),
     m.Proposed((3, 1), (True, False), REF, REF, REF, REF, ahead=1, drafted_total=12),
     m.Proposed((2,), (False,), REF, REF, REF, None),

@@ -14,6 +14,7 @@ import tempfile
 import textwrap
 import time
 import uuid
+from dataclasses import replace
 
 import msgspec
 import pytest
@@ -212,12 +213,21 @@ def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling, r
     for u in grown:  # a step later: one more context row each (buffers take just that row)
         local.write_context(u)
         remote.write_context(u)
-    later = batch([ContextUpdate(torch.cat([u.slots, g.slots]), None, None) for u, g in zip(context(), grown)],
-                  sampling, rids=rids)
+    later_updates = [ContextUpdate(torch.cat([u.slots, g.slots]), None, None) for u, g in zip(context(), grown)]
+    later = batch(later_updates, sampling, rids=rids)
     assert_same_trees(remote.propose(later), local.propose(later))
+    if rids:  # request 0 prefilled again (retracted, then back) at other slots with other rows: the restart
+        # crosses to the worker, which drops its buffer and drafts it from the new rows, as the local engine does
+        again = replace(context(lengths=(8,), seed=1)[0], restart=(f"{rids}0",))
+        again = replace(again, slots=again.slots + 2)  # slots no other request holds
+        local.write_context(again)
+        remote.write_context(again)
+        moved = batch([again, *later_updates[1:]], sampling, rids=rids)
+        assert_same_trees(remote.propose(moved), local.propose(moved))
     rows = sum(len(u.slots) for u in context())
-    # buffered: every row once, then the one new row each; padded: every row at each of the three calls, +1 each
-    assert remote.rows_copied - copied == local.rows_copied == (rows + 3 if rids else 3 * rows + 3)
+    # buffered: every row once, the one new row each, then the restarted request's 8 rows (the others unchanged);
+    # padded: every row at each of the three calls, +1 each
+    assert remote.rows_copied - copied == local.rows_copied == (rows + 3 + 8 if rids else 3 * rows + 3)
     initial = arena_sizes(remote.settings)
     assert remote.requests.arena.size > initial[0] and remote.replies.arena.size > initial[1]  # both grew
     assert remote.generation == 0 and remote.stale_requests(b) == []

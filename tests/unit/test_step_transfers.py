@@ -1,8 +1,10 @@
 """The decode step reads its verify forward's outputs back to the host once: the verdict (each request's accepted
-rows, tokens and length), in one transfer. Counted on the CPU with tests/host_reads.py (every host read of a tensor
-derived from the forward's logits and hidden states), through the step harness (tests/step_harness.py: the real
-drafter and step, a fake forward): greedy, sampled and seeded requests, chains and trees with lookup chains.
-On a GPU, tests/gpu/test_step_cuda.py holds acceptance to the same with CUDA's sync debug mode."""
+rows, tokens and length), in one transfer; and never reads the requests' KV slot ids (device data in SGLang) back,
+not even for the drafter's context (its buffers grow by length). Counted on the CPU with tests/host_reads.py (every
+host read of a tensor derived from the forward's outputs or the slot rows), through the step harness
+(tests/step_harness.py: the real drafter and step, a fake forward): greedy, sampled and seeded requests, chains and
+trees with lookup chains. On a GPU, tests/gpu/test_step_cuda.py holds acceptance to the same with CUDA's sync debug
+mode."""
 
 import pytest
 import step_harness
@@ -10,6 +12,7 @@ import torch
 from host_reads import HostReads
 from step_harness import GREEDY, KINDS, decode, plain_outputs
 
+from sgl_dspark.drafter import Proposer
 from sgl_dspark.layout import AcceptRows
 from sgl_dspark.sampling import SamplingParams
 from sgl_dspark.step import decode_step
@@ -19,7 +22,10 @@ SAMPLED = ((GREEDY, None), (SamplingParams(temperature=0.8), None), (SamplingPar
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Per decode step: the host reads of the forward's outputs (a Counter by call) and the verdict's transfers."""
+    """Per decode step: the host reads of device data (a Counter by call) and the verdict's transfers. On the
+    device: each request's KV slot row (SGLang's req_to_token lives there) from the step's start, the forward's
+    outputs from the forward on. The drafting model's own work is not counted here (its trees cross to the host:
+    the drafter's transfer); what the drafter's context store does with the slots is."""
     counter, steps = HostReads(), []
 
     def to_host(rows: AcceptRows) -> AcceptRows:  # as on a GPU: the verdict crosses once, into new host tensors
@@ -30,15 +36,25 @@ def counted(monkeypatch):
         finally:
             counter.active = True
 
+    def drafting(self, inp):
+        counter.active = False
+        try:
+            return propose(self, inp)
+        finally:
+            counter.active = True
+
     def step(parts, reqs, forward, *args, **kwargs):
         def on_device(s):
+            counter.active = False
             verified = forward(s)
-            counter.reset()
             counter.track(verified.logits, verified.hidden)
             counter.active = True
             return verified
 
         steps.append({"transfers": 0})
+        counter.reset()
+        counter.track(*(r.slots for r in reqs))
+        counter.active = True
         try:
             return decode_step(parts, reqs, on_device, *args, **kwargs)
         finally:
@@ -46,8 +62,10 @@ def counted(monkeypatch):
             steps[-1]["reads"] = dict(counter.reads)
             counter.reads.clear()
 
+    propose = Proposer.propose
     monkeypatch.setattr(step_harness, "decode_step", step)
     monkeypatch.setattr(AcceptRows, "to_host", to_host)
+    monkeypatch.setattr(Proposer, "propose", drafting)
     with counter:
         yield steps
 
