@@ -8,6 +8,7 @@ a tracked tensor is counted, with its name. Host tensors the step builds itself 
 """
 
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -36,6 +37,16 @@ class HostReads(TorchFunctionMode):
 
     def reset(self) -> None:
         self._tracked.clear()
+
+    @contextmanager
+    def paused(self):
+        """Nothing is counted or tracked inside (work the caller does not count: a transfer it makes itself, a
+        forward it stands in for); counting is on again after it."""
+        self.active = False
+        try:
+            yield
+        finally:
+            self.active = True
 
     def tracked(self, value) -> bool:
         return any(isinstance(x, torch.Tensor) and id(x) in self._tracked for x in tree_flatten(value)[0])

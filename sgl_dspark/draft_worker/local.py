@@ -49,8 +49,7 @@ class SlotContextStore:
     def write(self, update: ContextUpdate) -> None:
         """Rows from features wherever they are (the target's device: no copy when the drafter is there too)."""
         for rid in update.restart:
-            self.buffers.pop(rid, None)
-            self.last_call.pop(rid, None)
+            self.forget(rid)
         features = update.features.to(self.device, self.pool.keys.dtype)
         rows = self.drafter.context_kv(features, update.positions.to(self.device))
         slots = update.slots.to(self.device)
@@ -68,8 +67,13 @@ class SlotContextStore:
         buffers = tuple(self.extended(rid, slots) for rid, slots in zip(batch.rids, batch.context_slots))
         self.last_call.update((rid, self.calls) for rid in batch.rids)
         for rid in [r for r, call in self.last_call.items() if self.calls - call > RETAIN_CALLS]:
-            del self.last_call[rid], self.buffers[rid]
+            self.forget(rid)
         return RequestContexts(buffers)
+
+    def forget(self, rid: str) -> None:
+        """Drop a request's buffer (restarted, or idle too long); its next draft builds it again."""
+        self.buffers.pop(rid, None)
+        self.last_call.pop(rid, None)
 
     def extended(self, rid: str, slots: torch.Tensor) -> ContextBuffer:
         buffer, n = self.buffers.get(rid), slots.shape[0]

@@ -89,10 +89,9 @@ def test_a_restart_drafts_from_the_new_rows_not_the_old_ones():
         batch = DraftBatch((context,), torch.tensor([1]), torch.tensor([context.numel()]), (GREEDY,), (rid,))
         return client.propose(batch)[0]
 
-    old, new = ContextUpdate(SLOTS[:6], torch.arange(6), features(6, 0)), ContextUpdate(
-        SLOTS[6:12], torch.arange(6), features(6, 5), restart=("a",))
-    client, fresh = LocalDraftClient(DRAFTER, DraftKnobs(), 256, seed=0), LocalDraftClient(DRAFTER, DraftKnobs(),
-                                                                                              256, seed=0)
+    old = ContextUpdate(SLOTS[:6], torch.arange(6), features(6, 0))
+    new = ContextUpdate(SLOTS[6:12], torch.arange(6), features(6, 5), restart=("a",))
+    client, fresh = (LocalDraftClient(DRAFTER, DraftKnobs(), 256, seed=0) for _ in range(2))
     client.write_context(old)
     first_tree(client, "a", SLOTS[:6])
     client.write_context(new)

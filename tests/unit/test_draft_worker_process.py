@@ -218,8 +218,8 @@ def test_remote_drafts_exactly_as_local(folders, remote, one_thread, sampling, r
     assert_same_trees(remote.propose(later), local.propose(later))
     if rids:  # request 0 prefilled again (retracted, then back) at other slots with other rows: the restart
         # crosses to the worker, which drops its buffer and drafts it from the new rows, as the local engine does
-        again = replace(context(lengths=(8,), seed=1)[0], restart=(f"{rids}0",))
-        again = replace(again, slots=again.slots + 2)  # slots no other request holds
+        prefill = context(lengths=(8,), seed=1)[0]
+        again = replace(prefill, slots=prefill.slots + 2, restart=(f"{rids}0",))  # slots no other request holds
         local.write_context(again)
         remote.write_context(again)
         moved = batch([again, *later_updates[1:]], sampling, rids=rids)

@@ -30,25 +30,18 @@ def counted(monkeypatch):
 
     def to_host(rows: AcceptRows) -> AcceptRows:  # as on a GPU: the verdict crosses once, into new host tensors
         steps[-1]["transfers"] += 1
-        counter.active = False
-        try:
+        with counter.paused():
             return AcceptRows(rows.accept_index.clone(), rows.tokens.clone(), rows.accept_lens.clone())
-        finally:
-            counter.active = True
 
     def drafting(self, inp):
-        counter.active = False
-        try:
+        with counter.paused():
             return propose(self, inp)
-        finally:
-            counter.active = True
 
     def step(parts, reqs, forward, *args, **kwargs):
         def on_device(s):
-            counter.active = False
-            verified = forward(s)
+            with counter.paused():
+                verified = forward(s)
             counter.track(verified.logits, verified.hidden)
-            counter.active = True
             return verified
 
         steps.append({"transfers": 0})
