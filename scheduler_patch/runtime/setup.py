@@ -173,8 +173,21 @@ def worker_metrics(server_args, plans: bool = True) -> WorkerMetrics:
     return WorkerMetrics.create(log_interval(server_args), labels)
 
 
+def precision_note(dtype: torch.dtype) -> str | None:
+    """The start-up line for a target served below float32, where greedy output is plain's up to ties in that
+    precision (None in float32). SGLang's --dtype auto serves a float32 checkpoint in float16 (bfloat16 for Gemma)."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (f"sgl-dspark: the target runs in {name}: greedy output equals plain SGLang's token for token in float32 "
+            f"(--dtype float32); in {name} the verify forward's rows round differently from plain's one row, so a "
+            "near-tie between two tokens can break the other way (docs/serving.md, what lossless means)")
+
+
 def build_setup(launch: DSparkLaunch, server_args, model_runner) -> WorkerSetup:
     config = launch.config
+    if note := precision_note(model_runner.model_config.dtype):
+        logger.info(note)
     target = TargetSpec.from_hf_config(model_runner.model_config.hf_config.to_dict())
     model = model_runner.model
     capture_target_features(model, launch.drafter.target_layer_ids, target.num_hidden_layers)

@@ -27,6 +27,17 @@ def test_packed_linear_equals_linear(rows):
     torch.testing.assert_close(packed_linear(x[0], pack(linear.weight)), x[0] @ linear.weight.T, rtol=1e-5, atol=1e-5)
 
 
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
+    """oneDNN's packed product gives a row the same bits whether it is alone or one of up to 16 (docs/serving.md:
+    a verify row gets the logits a one-row step on the same kernels gives it; benchmarks/greedy_identity.py)."""
+    torch.manual_seed(0)
+    weight, x = torch.randn(960, 576) * 0.05, torch.randn(16, 576)
+    packed = pack(weight)
+    alone = torch.cat([packed_linear(x[i:i + 1], packed) for i in range(16)])
+    for rows in (2, 3, 4, 8, 16):
+        assert torch.equal(packed_linear(x[:rows], packed), alone[:rows]), rows
+
+
 @pytest.mark.parametrize("rows", [1, 64, 65, 127, 128, 129, 200, 4096])
 def test_row_splits_cover_the_rows_in_near_equal_parts_under_the_cap(rows):
     parts = row_splits(rows)

@@ -15,7 +15,7 @@ from sgl_dspark.packed_gemm import onednn_available
 
 from scheduler_patch import target_gemm
 from scheduler_patch.patches import undo_all
-from scheduler_patch.runtime.setup import release_freed_memory
+from scheduler_patch.runtime.setup import precision_note, release_freed_memory
 from scheduler_patch.target_gemm import PACKED, PackReport, pack_target
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
@@ -90,3 +90,12 @@ def test_start_up_hands_the_heaps_free_pages_back():
     del held
     returned = release_freed_memory()
     assert len(kept) == 512 and returned > 100 * 2**20
+
+
+def test_a_half_precision_target_is_named_at_start_up_with_what_it_means_for_greedy_output():
+    """SGLang's --dtype auto serves a float32 checkpoint in float16; the start-up log says so (float32: nothing)."""
+    assert precision_note(torch.float32) is None
+    for dtype, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        note = precision_note(dtype)
+        assert f"runs in {name}" in note and "--dtype float32" in note
+
