@@ -113,8 +113,8 @@ def paged_tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         rows = slice(starts[b], starts[b + 1])
         # [heads, len, dim] per request, as SDPA wants
         q_b = q[rows].movedim(0, 1)
-        k_b = k_rows[slots].movedim(0, 1).to(q.dtype)
-        v_b = v_rows[slots].movedim(0, 1).to(q.dtype)
+        k_b = torch.index_select(k_rows, 0, slots).movedim(0, 1).to(q.dtype)  # on CPU ~4x faster than k_rows[slots]
+        v_b = torch.index_select(v_rows, 0, slots).movedim(0, 1).to(q.dtype)
         o_b = scaled_dot_product_attention(q_b.unsqueeze(0), k_b.unsqueeze(0), v_b.unsqueeze(0),
                                            attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
         out[rows] = o_b.squeeze(0).movedim(1, 0)
