@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,7 +132,8 @@ def render(ps: list[Prompt], found: list[Difference], runs: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/greedy-identity"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/greedy-identity"),
+                    help="writes OUT.md and OUT.json")
     ap.add_argument("--per-set", type=int, default=6, help="prompts from each of mt-bench and HumanEval")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--dtype", default="float32", help="the servers' --dtype (auto: SGLang serves a float32 checkpoint "
@@ -141,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     model = str(prepare().path)
     ps = prompts(args.per_set, model, args.prompt)
     texts, replies = [p.text for p in ps], {}
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="greedy-identity-"))  # the servers' logs, kept for a look afterwards
+    print(f"server logs in {logs}", flush=True)
     for name, flags in SERVERS.items():
         spec = ServerSpec(model, port=free_port(), dtype=args.dtype, speculative_args=flags)
-        with serving(spec, args.out / "logs") as server:
+        with serving(spec, logs) as server:
             for run in (r for r, (on, _) in RUNS.items() if on == name):
                 requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
                 replies[run] = decode(server.base_url, texts, args.output_len, RUNS[run][1])
