@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -114,14 +115,15 @@ def differences(run: str, ps: list[Prompt], replies: list[dict], plain: list[dic
 
 
 def render(ps: list[Prompt], found: list[Difference], runs: list[str]) -> str:
-    sets = sorted({p.set for p in ps})
+    per_set = Counter(p.set for p in ps)
+    sets = sorted(per_set)
     head = ["| run | " + " | ".join(sets) + " | all | first differing tokens | plain's top-2 gap there |",
             "|---|" + "---:|" * (len(sets) + 3)]
     rows = []
     for run in runs:
         mine = [d for d in found if d.run == run]
-        per = [f"{sum(p.set == s for p in ps) - sum(d.set == s for d in mine)}/{sum(p.set == s for p in ps)}"
-               for s in sets]
+        differing = Counter(d.set for d in mine)
+        per = [f"{per_set[s] - differing[s]}/{per_set[s]}" for s in sets]
         gaps = [d.plain_gap for d in mine if d.plain_gap is not None]
         rows.append(f"| {run} | " + " | ".join(per) + f" | {len(ps) - len(mine)}/{len(ps)} | "
                     f"{', '.join(str(d.at) for d in mine) or '-'} | "
