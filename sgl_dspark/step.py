@@ -20,12 +20,13 @@ from sgl_dspark.constraints import (Penalties, PathCounts, additive_rows, apply_
 from sgl_dspark.draft_worker.client import DraftBatch, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.gate import Decision, Gate
 from sgl_dspark.graft import Grafted, graft, lookup_accepted, outcome
-from sgl_dspark.acceptance import matched_path, path_rows, sample_chains, sample_trees
+from sgl_dspark.acceptance import sample_chains, sample_trees
 from sgl_dspark.layout import AcceptRows, VerifyRows, kv_moves, pack_trees, padded, verify_results
 from sgl_dspark.lookup import LookupRegistry
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices, target_probs
 from sgl_dspark.budget import PlanInput, BudgetPolicy
 from sgl_dspark.seeded import seeded_choices
+from sgl_dspark.step_ops import TORCH_OPS, StepOps
 from sgl_dspark.tree import DraftTree, depths
 from sgl_dspark.verify import VerifyResult
 
@@ -68,6 +69,7 @@ class StepParts:
     # Under tensor parallelism every rank must verify one plan: shared(make) runs make() (draft -> pack) on the
     # planning rank and returns its DecodeStep on every rank. None: this process plans alone.
     shared: Callable[[Callable[[], "DecodeStep"]], "DecodeStep"] | None = None
+    ops: StepOps = TORCH_OPS  # the batched ops acceptance and packing run (sgl_dspark.step_ops: Triton's on a GPU)
 
 
 @dataclass
@@ -142,7 +144,7 @@ def decode_step(parts: StepParts, reqs: Sequence[StepRequest], forward: Callable
     constrain(step, reqs, verified.logits, parts.vocab)
     if custom is not None:
         custom(step, verified.logits)
-    verdict = accept(step, reqs, verified.logits, sampler, generator, parts.stride)
+    verdict = accept(step, reqs, verified.logits, sampler, generator, parts.stride, parts.ops)
     commit = commit_record(step, verdict.host)
     return StepOutcome(step, verified, verdict, commit, learn_lookup(parts.lookup, step, reqs, verdict.results))
 
@@ -274,16 +276,16 @@ def constrain(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tenso
 
 
 def accept(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
-           generator: torch.Generator, stride: int) -> Accepted:
+           generator: torch.Generator, stride: int, ops: StepOps = TORCH_OPS) -> Accepted:
     """Lossless acceptance of every request's block from its (constrained) verify rows [bs * width, V], on the
     logits' device, then the verdict on the host in one transfer."""
-    rows = accept_on_device(step, reqs, logits, sampler, generator, stride)
+    rows = accept_on_device(step, reqs, logits, sampler, generator, stride, ops)
     host = rows.to_host()
     return Accepted(rows, host, verify_results(host, step.rows.width))
 
 
 def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torch.Tensor, sampler: SamplerBatch,
-                     generator: torch.Generator, stride: int) -> AcceptRows:
+                     generator: torch.Generator, stride: int, ops: StepOps = TORCH_OPS) -> AcceptRows:
     """Requests whose token after each node is fixed without looking at the drafts (greedy; seeded, from
     sgl_dspark.seeded) match it, and sampled requests are accepted by speculative sampling with coins drawn first from
     `generator` (the VERIFY stream, sgl_dspark.streams): chains in one pass, trees (lookup siblings) depth by depth
@@ -295,7 +297,7 @@ def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torc
     tokens = step.rows.tokens.view(-1, width).to(device)
     parents = step.rows.parents.to(device)
     choices = target_choices(step, reqs, logits, sampler)
-    on_path = matched_path(tokens, parents, step.rows.mask.to(device), step.rows.sizes, choices)
+    on_path = ops.matched_path(tokens, parents, step.rows.mask.to(device), step.rows.sizes, choices)
     sampled = [b for b, r in enumerate(reqs) if drawn(r)]
     if sampled:
         index = torch.tensor(sampled, device=device)
@@ -313,7 +315,7 @@ def accept_on_device(step: DecodeStep, reqs: Sequence[StepRequest], logits: torc
         on_path[index] = paths
         last = torch.where(paths, torch.arange(width, device=device), 0).amax(1, keepdim=True)  # the deepest
         choices[index] = torch.zeros_like(choices[index]).scatter(1, last, bonus[:, None])
-    return path_rows(tokens, on_path, choices, stride)
+    return ops.path_rows(tokens, on_path, choices, stride)
 
 
 def tree_bounds(trees: Sequence[DraftTree]) -> tuple[int, int]:

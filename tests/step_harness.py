@@ -20,11 +20,12 @@ from sgl_dspark.draft_worker.local import LocalDraftClient
 from sgl_dspark.drafter import TargetWeights
 from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.fresh import random_drafter
-from sgl_dspark.layout import VerifyForwardInput, verify_forward_input
+from sgl_dspark.layout import VerifyForwardInput
 from sgl_dspark.sampling import SamplerBatch, SamplingParams, greedy_choices
 from sgl_dspark.budget import StepResult, make_budget
 from sgl_dspark.seeded import seeded_choices
 from sgl_dspark.step import StepParts, StepRequest, Verified, decode_step
+from sgl_dspark.step_ops import TORCH_OPS, StepOps
 from sgl_dspark.suffix import lookup_registry
 
 V = 12
@@ -71,7 +72,7 @@ class TableTarget:
     def verify(self, verify: VerifyForwardInput, seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The fake verify forward on the real rows: (logits [R, V] on the table's device, features [R, F])."""
         device, positions, tokens = self.table.device, verify.positions % 3, verify.tokens
-        return self.table[positions.to(device), tokens.to(device)], FEATURES[positions, tokens]
+        return self.table[positions.to(device), tokens.to(device)], FEATURES[positions.cpu(), tokens.cpu()]
 
     def commit(self, accepted) -> None:
         pass
@@ -140,14 +141,15 @@ class Run:
 
 def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = None, device: str = "cpu",
            kinds=KINDS, on_step=None, drafter_on=DRAFTER, target=None, prompts=PROMPTS, tokens: int = TOKENS,
-           seed: int = 0, earlier: Sequence[Sequence[int]] = (), shared=None, plans: bool = True) -> Run:
+           seed: int = 0, earlier: Sequence[Sequence[int]] = (), shared=None, plans: bool = True,
+           ops: StepOps = TORCH_OPS) -> Run:
     """The requests (one per prompt, `kinds` their sampling) decoded together through the step until each has
     `tokens` tokens after its prompt, against `target` (the table on `device` by default, or a
     tests/torch_target.LlamaTarget), the drafter's work on its own device (drafter_on: DRAFTER on the CPU, or
     drafter(device)); the verifier's stream seeded with `seed`; on_step(step, reqs, logits, sampler) runs before
     each step's acceptance; `earlier`: histories of requests that left before, in the suffix cache at the start;
     `shared`: StepParts.shared (tensor parallelism); plans=False: a TP rank that never plans (no lookup state, a
-    client that refuses to draft)."""
+    client that refuses to draft); `ops`: the step's batched ops (sgl_dspark.step_ops)."""
     target = target or TableTarget(device)
     cfg = load_config(preset, overrides={"gate": False, **knobs})
     client = local = LocalDraftClient(drafter_on, cfg.draft_knobs(), len(prompts) * SLOTS, 11)
@@ -161,7 +163,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
     run = Run([[p[-1]] for p in prompts])
     stride = 1 + cfg.verify_nodes(drafter_on.config.gamma)
     parts = StepParts(cfg, client, make_budget(cfg, COST), lookup, None, target.vocab, stride,
-                      draft_failed=lambda exc: run.faults.append(exc.cause), shared=shared)
+                      draft_failed=lambda exc: run.faults.append(exc.cause), shared=shared, ops=ops)
     pool = torch.arange(len(prompts) * SLOTS).view(len(prompts), SLOTS)  # [request, position] -> KV slot
     slots = list(pool)
     for b, prompt in enumerate(prompts):  # prefill: the prompt's features but its last token's (the anchor)
@@ -175,7 +177,7 @@ def decode(knobs: dict, preset: str = DEFAULT_PRESET, fail_every: int | None = N
         observe = None if on_step is None else (lambda step, logits, reqs=reqs: on_step(step, reqs, logits, sampler))
         copied = local.rows_copied
         done = decode_step(parts, reqs, lambda step: Verified(*target.verify(
-            verify_forward_input(step.rows, step.seq_lens, prefix_columns=True), step.seq_lens)), sampler, generator,
+            ops.verify_input(step.rows, step.seq_lens, True, torch.device(device)), step.seq_lens)), sampler, generator,
             observe)
         step, verdict, commit = done.step, done.verdict, done.commit
         target.commit(verdict.host)

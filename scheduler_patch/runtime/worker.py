@@ -20,13 +20,14 @@ from sgl_dspark.constraints import Penalties
 from sgl_dspark.draft_worker.client import ContextUpdate, DraftClient, DraftWorkerUnavailable
 from sgl_dspark.features import refusal
 from sgl_dspark.gate import Gate, GatedStep, initial_costs
-from sgl_dspark.layout import AcceptRows, verify_forward_input
+from sgl_dspark.layout import AcceptRows
 from sgl_dspark.suffix import lookup_registry
 from sgl_dspark.observe import StepClock, StepStats, result_counts
 from sgl_dspark.sampling import SamplerBatch, SamplingParams
 from sgl_dspark.budget import StepResult
 from sgl_dspark.seeded import seeded_from_probs
 from sgl_dspark.step import DecodeStep, StepOutcome, StepParts, StepRequest, Verified, decode_step, draft_batch
+from sgl_dspark.step_ops import choose_ops
 from sgl_dspark.streams import VERIFY, stream
 from sgl_dspark.trace import TraceWriter, step_trace
 from sgl_dspark.verify import VerifyResult
@@ -108,6 +109,7 @@ class DSparkWorker(BaseSpecWorker):
         self.generator = stream(int(server_args.random_seed or 0), VERIFY)  # the verifier's own stream
         self.vocab = int(self.model_runner.model_config.vocab_size)
         self.full_mask = self.device != "cpu"
+        self.ops, _ = choose_ops(torch.device(self.device))  # Triton's kernels where they time faster (GPU)
         self.gate = Gate(initial_costs(prior_cost_table(), self.setup.kernels), self.setup.config.gate_margin) \
             if self.setup.config.gate and self.setup.config.drafts else None
         self.last_decode_end: float | None = None  # when the previous decode step returned (None: a prefill since)
@@ -121,7 +123,7 @@ class DSparkWorker(BaseSpecWorker):
         kv = self.token_to_kv_pool_allocator.get_kvcache()
         self.client = self.setup.make_client(kv.size + kv.page_size, int(self.server_args.random_seed or 0))
         self.parts = StepParts(self.setup.config, self.client, self.budget, self.lookup, self.gate, self.vocab,
-                               self.stride, self.draft_failed, self.shared)
+                               self.stride, self.draft_failed, self.shared, self.ops)
 
     def init_cuda_graphs(self):
         """SGLang's last start-up step (the KV pools and attention backends exist): profile the step-cost table."""
@@ -220,7 +222,7 @@ class DSparkWorker(BaseSpecWorker):
     def verify(self, batch, step: DecodeStep, clock: StepClock) -> Verified:
         """The target's forward on the step's verify rows (SGLang's batch carries them for its duration)."""
         clock.mark_drafted()
-        with verifying(batch, verify_forward_input(step.rows, step.seq_lens, self.full_mask),
+        with verifying(batch, self.ops.verify_input(step.rows, step.seq_lens, self.full_mask, self.device),
                        self.req_to_token_pool.req_to_token, self.device):
             out = self.target_worker.forward_batch_generation(batch, is_verify=True)
         clock.mark_verified()

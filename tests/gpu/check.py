@@ -4,7 +4,8 @@ Steps, each timed into the report: unpack the trimmed FlashInfer into a temporar
 packed wheels this Python cannot import (tvm-ffi on a bare torch machine); import flashinfer; generate the sources
 of every JIT module tests/gpu uses and resolve their #includes inside the pack (`--sources`, needs no GPU); build
 those modules in parallel (`cases.JIT_COMBOS`: minutes each); run pytest on tests/gpu; then the decode step's time
-split and host syncs per stage against the Llama-shaped torch target (`benchmarks/step_split.py`). `--dry-run` stops
+split and host syncs per stage against the Llama-shaped torch target (`benchmarks/step_split.py`), and the step's ops,
+torch's against the Triton kernels (`benchmarks/step_ops.py`). `--dry-run` stops
 before the
 builds (what `make gpu-pack` runs here). The report (markdown and JSON) goes to $OUT when set, else to stdout.
 Exit status: pytest's, 0 for a dry run that got through, or 2 when a step failed.
@@ -132,7 +133,7 @@ def report_markdown(report: dict) -> str:
              "| step | status | seconds |", "| --- | --- | --- |"]
     lines += [f"| {name} | {step['status']} | {step['seconds']} |" for name, step in report["steps"].items()]
     for name, step in report["steps"].items():
-        if step["status"] != 0 or name in ("sources", "pytest", "step split"):
+        if step["status"] != 0 or name in ("sources", "pytest", "step split", "step ops"):
             lines += ["", f"## {name} (output tail)", "```", step["output"][-3000:].strip(), "```"]
     return "\n".join(lines) + "\n"
 
@@ -151,7 +152,9 @@ def checks(args, env: dict, site: Path, manifest: dict, deadline: float) -> dict
                  ("pytest", lambda: run([python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                                          str(GPU_TESTS)], env, left())),
                  ("step split", lambda: run([python, str(REPO / "benchmarks" / "step_split.py"), "--device", "cuda",
-                                             "--repeats", "2"], env, left()))]
+                                             "--repeats", "2"], env, left())),
+                 ("step ops", lambda: run([python, str(REPO / "benchmarks" / "step_ops.py"), "--device", "cuda"], env,
+                                          left()))]
     steps = {"install": install(args.pack, site, manifest, env)}
     for name, step in plan:
         if any(s["status"] != 0 for n, s in steps.items() if n != "jit builds"):  # tests rebuild what failed
