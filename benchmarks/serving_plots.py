@@ -81,7 +81,7 @@ def plot_step_breakdown(summaries: list[Summary], path: Path) -> None:
     """Stacked ms per decode step for each DSPARK (config, concurrency); draft includes IPC and planning. A dashed
     line over each bar marks plain decoding's step at that concurrency (its median TPOT), when it was measured."""
     fig, pairs = panels(summaries, "DSPARK ms per decode step against plain's\n(draft = drafter + IPC + plan; "
-                                   "rest = accept_len x TPOT - phases: SGLang scheduling, output)")
+                                   "between: SGLang's work between steps; rest = accept_len x TPOT - phases)")
     for ax, (dataset, group) in pairs:
         rows = [s for s in group if any(f"step_ms.{p}" in s.stats for p in PHASES)]
         labels = [f"{s.config}\nc={s.concurrency}" for s in rows]

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field, fields
 BASELINE = "none"  # the configuration every ratio is taken against
 TABLE_START = "<!-- serving-table:start -->"
 TABLE_END = "<!-- serving-table:end -->"
-PHASES = ("draft", "verify", "commit")  # the `DSpark decode:` line's per-step phases (draft includes IPC + plan)
-REST = "rest"  # the step's time outside those phases (SGLang scheduling, output processing), estimated
+# the `DSpark decode:` line's per-step phases (draft includes IPC + plan; between: SGLang's own work from one decode
+# step's end to the next one's start, measured by the worker's clock; lines before it was logged lack it)
+PHASES = ("draft", "verify", "commit", "between")
+REST = "rest"  # accept_len x TPOT minus the phases: what the worker's clock does not see (client-side), estimated
 
 
 @dataclass(frozen=True)
@@ -245,11 +247,12 @@ def decode_lines(log: str) -> list[dict[str, float]]:
 
 
 def step_breakdown(lines: list[dict[str, float]]) -> dict[str, float]:
-    """Step-weighted mean ms per decode step of each phase over the lines; {} when there are none."""
+    """Step-weighted mean ms per decode step of each phase the lines carry; {} when there are none."""
     steps = sum(line.get("steps", 0.0) for line in lines)
     if steps <= 0:
         return {}
-    return {p: sum(line.get(f"{p}_ms", 0.0) * line.get("steps", 0.0) for line in lines) / steps for p in PHASES}
+    return {p: sum(line.get(f"{p}_ms", 0.0) * line.get("steps", 0.0) for line in lines) / steps for p in PHASES
+            if any(f"{p}_ms" in line for line in lines)}
 
 
 def speculated_share(lines: list[dict[str, float]]) -> float | None:
@@ -261,7 +264,8 @@ def speculated_share(lines: list[dict[str, float]]) -> float | None:
 
 def with_rest_of_step(step_ms: dict[str, float], accept_len: float | None, tpot_ms: float) -> dict[str, float]:
     """Adds REST: one decode step lasts about accept_len x TPOT for a request (each step yields accept_len
-    tokens), so what the worker's phases do not cover is SGLang's own share (scheduling, output processing)."""
+    tokens), so what the phases (SGLang's time between steps included, where the lines carry it) do not cover is
+    time the worker's clock does not see: the client's side of streaming, the spread of TPOT over requests."""
     if not step_ms or not accept_len or not tpot_ms:
         return step_ms
     return {**step_ms, REST: max(0.0, accept_len * tpot_ms - sum(step_ms[p] for p in PHASES if p in step_ms))}

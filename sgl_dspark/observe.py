@@ -32,6 +32,8 @@ class StepStats:
     speculated: list[bool] | None = None  # per request: the gate let it draft (None: all did)
     share_s: float = 0.0  # under TP: this rank's time in the plan's broadcast (inside draft_s), 0 without TP
     lookup_tokens: int = 0  # accepted tokens only the lookup proposed (the request's context or the suffix cache)
+    between_s: float | None = None  # since the previous decode step ended (SGLang's work between the two); None
+    # for the first decode step after a prefill
 
     @property
     def speculating(self) -> int:
@@ -137,6 +139,8 @@ class Totals:
     verify_s: float = 0.0
     commit_s: float = 0.0
     share_s: float = 0.0
+    between_s: float = 0.0  # summed over the steps that have it (`between_steps`)
+    between_steps: int = 0
     drafted_ahead: int = 0
     speculated: int = 0  # request-steps that drafted
     spec_steps: int = 0  # steps in which some request drafted
@@ -152,6 +156,9 @@ class Totals:
         self.verify_s += s.verify_s
         self.commit_s += s.commit_s
         self.share_s += s.share_s
+        if s.between_s is not None:
+            self.between_s += s.between_s
+            self.between_steps += 1
         self.drafted_ahead += s.drafted_ahead
         self.speculated += s.speculating
         self.spec_steps += s.speculating > 0
@@ -159,7 +166,9 @@ class Totals:
     def line(self) -> str:
         """Per request-step means (accept_len is tau, bonus included), per-step milliseconds of each phase, and the
         gate's shares: speculated (request-steps that drafted) and spec_steps (steps in which some request did);
-        under TP, share_ms is the part of draft_ms spent broadcasting rank 0's plan (0.0 without TP)."""
+        under TP, share_ms is the part of draft_ms spent broadcasting rank 0's plan (0.0 without TP); between_ms
+        is the mean time from one decode step's end to the next one's start (SGLang's own work between them: output
+        processing, scheduling), over the steps not right after a prefill."""
         n = max(self.requests, 1)
         rate = accept_rate(self.accepted - self.requests, self.verified)
         ms = 1000.0 / max(self.steps, 1)
@@ -168,7 +177,8 @@ class Totals:
                 f"draft_ms={self.draft_s * ms:.1f} verify_ms={self.verify_s * ms:.1f} "
                 f"commit_ms={self.commit_s * ms:.1f} drafted_ahead={self.drafted_ahead / n:.2f} "
                 f"draft_failures={self.draft_failures} speculated={self.speculated / n:.2f} "
-                f"spec_steps={self.spec_steps / max(self.steps, 1):.2f} share_ms={self.share_s * ms:.1f}")
+                f"spec_steps={self.spec_steps / max(self.steps, 1):.2f} share_ms={self.share_s * ms:.1f} "
+                f"between_ms={1000.0 * self.between_s / max(self.between_steps, 1):.1f}")
 
 
 class Series:

@@ -13,7 +13,7 @@ import triton.language as tl
 from sgl_dspark.layout import AcceptRows, VerifyForwardInput, VerifyRows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["w"])  # one build per block size, whatever the width
 def _match_walk(tokens, parents, sizes, choices, on_path, w, W_BLOCK: tl.constexpr):
     """Request b's walk from the root: at each node, its first child (in index order) carrying the node's choice."""
     b = tl.program_id(0).to(tl.int64)
@@ -33,7 +33,7 @@ def _match_walk(tokens, parents, sizes, choices, on_path, w, W_BLOCK: tl.constex
     tl.store(on_path + b * w + node, path, mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["w", "stride"])
 def _path_rows(tokens, on_path, choices, accept_index, emitted, accept_lens, w, stride, W_BLOCK: tl.constexpr,
                S_BLOCK: tl.constexpr):
     """Request b's kept rows (root first, ascending), its emitted tokens (the path's drafts, then the bonus: the
@@ -56,7 +56,7 @@ def _path_rows(tokens, on_path, choices, accept_index, emitted, accept_lens, w, 
     tl.store(accept_lens + b, kept)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["w"])
 def _verify_layout(parents, sizes, seq_lens, mask_starts, row_starts, mask, positions, w, PREFIX: tl.constexpr,
                    W_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr):
     """Request b's rows of the flattened verify mask ([n, seq_len + n] with PREFIX, else [n, n]: row i True at i

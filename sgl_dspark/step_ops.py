@@ -60,18 +60,20 @@ def triton_ops() -> StepOps:
                    ("triton", "triton", "triton"))
 
 
-def choose_ops(device: torch.device) -> tuple[StepOps, list[OpTiming]]:
+def choose_ops(device: torch.device, max_width: int = PROBE_WIDTH) -> tuple[StepOps, list[OpTiming]]:
     """Torch's ops on the CPU; on a GPU each op from whichever of torch and Triton times faster on the synthetic
-    step (torch's everywhere, with the cause logged, when Triton cannot run)."""
+    step (torch's everywhere, with the cause logged, when Triton cannot run). The kernels serving are built for
+    every width up to `max_width` (the widest verify block) here, so no step waits on Triton's compiler."""
     if device.type != "cuda":
         return TORCH_OPS, []
     try:
         timings = time_ops(TORCH_OPS, triton_ops(), device)
+        ops = pick(timings, triton_ops())
+        warm(ops, device, max_width)
     except Exception as exc:  # Triton missing, or its compiler failed on this device: torch's ops serve
         logger.warning("sgl-dspark: the step's Triton kernels cannot run on %s (%s: %s); its torch ops serve",
                        device, type(exc).__name__, exc)
         return TORCH_OPS, []
-    ops = pick(timings, triton_ops())
     logger.info("sgl-dspark: step ops on %s (%d requests x %d rows, ms torch / triton): %s", device,
                 PROBE_REQUESTS, PROBE_WIDTH,
                 ", ".join(f"{t.op} {t.torch_ms:.3f} / {t.triton_ms:.3f} -> {t.chosen}" for t in timings))
@@ -84,18 +86,33 @@ def pick(timings: list[OpTiming], fast: StepOps) -> StepOps:
     return StepOps(*(getattr(fast if c == "triton" else TORCH_OPS, op) for op, c in zip(OPS, chosen)), tuple(chosen))
 
 
-def probe_step(device: torch.device, gen: torch.Generator,
-               requests: int = PROBE_REQUESTS) -> tuple[VerifyRows, list[int], torch.Tensor]:
-    """The synthetic step: `requests` random trees of PROBE_WIDTH nodes after PROBE_CONTEXT cached tokens, and
-    the target's choices (drawn so that about half of the drafts match)."""
+def probe_step(device: torch.device, gen: torch.Generator, requests: int = PROBE_REQUESTS,
+               width: int = PROBE_WIDTH) -> tuple[VerifyRows, list[int], torch.Tensor]:
+    """The synthetic step: `requests` random trees of `width` nodes after PROBE_CONTEXT cached tokens, and the
+    target's choices (drawn so that about half of the drafts match)."""
     trees = []
     for _ in range(requests):
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, PROBE_WIDTH)]
-        trees.append(DraftTree(torch.randint(0, 2, (PROBE_WIDTH,), generator=gen), torch.tensor(parents),
-                               torch.ones(PROBE_WIDTH)))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, width)]
+        trees.append(DraftTree(torch.randint(0, 2, (width,), generator=gen), torch.tensor(parents),
+                               torch.ones(width)))
     seq_lens = [PROBE_CONTEXT] * requests
-    choices = torch.randint(0, 2, (requests, PROBE_WIDTH), generator=gen).to(device)
-    return pack_trees(trees, seq_lens, PROBE_WIDTH), seq_lens, choices
+    choices = torch.randint(0, 2, (requests, width), generator=gen).to(device)
+    return pack_trees(trees, seq_lens, width), seq_lens, choices
+
+
+def warm(ops: StepOps, device: torch.device, max_width: int) -> None:
+    """Every op once at each power-of-two width up to `max_width` (the kernels' block sizes), both mask layouts."""
+    width = 1
+    while True:
+        rows, seq_lens, choices = probe_step(device, torch.Generator().manual_seed(width), 2, min(width, max_width))
+        tokens, parents = rows.tokens.view(-1, rows.width).to(device), rows.parents.to(device)
+        on_path = ops.matched_path(tokens, parents, rows.mask.to(device), rows.sizes.to(device), choices)
+        ops.path_rows(tokens, on_path, choices, max_width)
+        for prefix in (False, True):
+            ops.verify_input(rows, seq_lens, prefix, device)
+        if width >= max_width:
+            return
+        width *= 2
 
 
 def time_ops(base: StepOps, fast: StepOps, device: torch.device, requests: int = PROBE_REQUESTS) -> list[OpTiming]:

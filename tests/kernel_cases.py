@@ -14,7 +14,7 @@ from sgl_dspark.graft import Grafted  # noqa: E402
 from sgl_dspark.layout import VerifyRows, pack_trees  # noqa: E402
 from sgl_dspark.sampling import SamplerBatch, SamplingParams  # noqa: E402
 from sgl_dspark.step import DecodeStep, StepRequest, accept  # noqa: E402
-from sgl_dspark.step_ops import TORCH_OPS, StepOps, same, triton_ops  # noqa: E402
+from sgl_dspark.step_ops import TORCH_OPS, StepOps, same, triton_ops, warm  # noqa: E402
 from sgl_dspark.tree import DraftTree  # noqa: E402
 
 VOCAB = 3  # tiny: children often carry their parent's choice, and siblings often share a token
@@ -142,6 +142,8 @@ def main() -> None:
     print("ok accept-stage")
     check_decode(ops, "cpu")
     print("ok decode")
+    warm(ops, device, 11)  # every block size up to a width of 11 runs
+    print("ok warm")
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ class DSparkWorker(BaseSpecWorker):
         self.generator = stream(int(server_args.random_seed or 0), VERIFY)  # the verifier's own stream
         self.vocab = int(self.model_runner.model_config.vocab_size)
         self.full_mask = self.device != "cpu"
-        self.ops, _ = choose_ops(torch.device(self.device))  # Triton's kernels where they time faster (GPU)
+        self.ops, _ = choose_ops(torch.device(self.device), self.stride)  # Triton's where they time faster (GPU)
         self.gate = Gate(initial_costs(prior_cost_table(), self.setup.kernels), self.setup.config.gate_margin) \
             if self.setup.config.gate and self.setup.config.drafts else None
         self.last_decode_end: float | None = None  # when the previous decode step returned (None: a prefill since)
@@ -251,13 +251,13 @@ class DSparkWorker(BaseSpecWorker):
         """The step's cost to the verify budget (its online refit) and to the gate, its statistics to the metrics."""
         self.budget.observe(StepResult(step.rows.real.numel(), clock.verify_s))
         verified, taus, tail_s = step.rows.sizes.tolist(), accepted.accept_lens.tolist(), clock.since_verified()
+        host_s = None if self.last_decode_end is None else clock.start - self.last_decode_end  # SGLang's, between
         if self.gate is not None:
-            host_s = None if self.last_decode_end is None else clock.start - self.last_decode_end
             self.gate.observe(GatedStep([req.rid for req in batch.reqs], step.speculated, taus,
                                         [v - 1 for v in verified], clock.draft_s, tail_s, host_s))
         self.metrics.observe(StepStats(step.drafted, verified, taus, clock.draft_s, clock.verify_s, tail_s,
                                        self.client.ahead_hits - hits, step.speculated, share_s,
-                                       lookup_tokens))
+                                       lookup_tokens, host_s))
         self.last_decode_end = clock.clock()
         lookup, suffix = self.lookup, self.lookup and self.lookup.suffix
         self.metrics.draft_worker_state(self.client.generation, self.client.worker_drafted, self.client.arena_bytes,

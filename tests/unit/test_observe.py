@@ -140,11 +140,14 @@ def test_the_log_line_shows_means_per_request_step_and_the_time_split():
     # 4 request-steps: accepted 7, drafted 11, verified 3+2+2+0 = 7 drafts of which 7-4 = 3 accepted.
     assert totals.line() == ("DSpark decode: steps=2 accept_len=1.75 draft_len=2.75 verify_len=1.75 "
                              "accept_rate=0.43 draft_ms=15.0 verify_ms=40.0 commit_ms=3.0 drafted_ahead=0.50 "
-                             "draft_failures=0 speculated=0.75 spec_steps=1.00 share_ms=0.0")
+                             "draft_failures=0 speculated=0.75 spec_steps=1.00 share_ms=0.0 between_ms=0.0")
     totals.add(StepStats([0, 0], [1, 1], [1, 1], 0.001, 0.030, 0.002, speculated=[False, False]))
-    assert totals.line().endswith("speculated=0.50 spec_steps=0.67 share_ms=0.0")  # the gate let no request draft
+    assert "speculated=0.50 spec_steps=0.67 share_ms=0.0" in totals.line()  # the gate let no request draft
     totals.add(StepStats([1], [2], [2], 0.010, 0.030, 0.002, share_s=0.004))
-    assert totals.line().endswith("share_ms=1.0")  # 4 ms of broadcast over 4 steps
+    assert "share_ms=1.0 " in totals.line()  # 4 ms of broadcast over 4 steps
+    totals.add(StepStats([1], [2], [2], 0.010, 0.030, 0.002, between_s=0.006))
+    totals.add(StepStats([1], [2], [2], 0.010, 0.030, 0.002, between_s=0.002))
+    assert totals.line().endswith("between_ms=4.0")  # the mean over the two steps that had a step before them
 
 
 def test_worker_metrics_log_every_interval_and_start_a_new_window(caplog):

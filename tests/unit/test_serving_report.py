@@ -144,8 +144,11 @@ def test_decode_lines_and_step_breakdown_weight_by_steps():
            "[y] DSpark decode: steps=30 accept_len=2.00 draft_ms=8.0 verify_ms=50.0 commit_ms=2.0 draft_failures=0\n")
     lines = decode_lines(log)
     assert [line["steps"] for line in lines] == [10.0, 30.0]
-    assert step_breakdown(lines) == {"draft": 7.0, "verify": 45.0, "commit": 1.75}
+    assert step_breakdown(lines) == {"draft": 7.0, "verify": 45.0, "commit": 1.75}  # lines without between_ms
     assert step_breakdown([]) == {}
+    measured = decode_lines("DSpark decode: steps=10 draft_ms=4.0 verify_ms=30.0 commit_ms=1.0 between_ms=3.0\n"
+                            "DSpark decode: steps=30 draft_ms=8.0 verify_ms=50.0 commit_ms=2.0 between_ms=7.0\n")
+    assert step_breakdown(measured) == {"draft": 7.0, "verify": 45.0, "commit": 1.75, "between": 6.0}
     assert speculated_share(lines) is None  # lines without the gate's field
 
 
