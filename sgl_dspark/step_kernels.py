@@ -112,16 +112,14 @@ def verify_forward_input(rows: VerifyRows, seq_lens: list[int], prefix_columns: 
                          device: torch.device) -> VerifyForwardInput:
     """layout.verify_forward_input with the mask and positions made on `device` (one launch; the tree's parents,
     sizes and lengths go there in one host-to-device copy)."""
-    sizes = [int(n) for n in rows.sizes.tolist()]
-    counts = torch.tensor(sizes)
-    areas = counts * (counts + torch.tensor(seq_lens) * prefix_columns)  # each request's mask entries
+    counts, lens = rows.sizes, torch.tensor(seq_lens, dtype=torch.long)  # host tensors
+    areas = counts * (counts + lens * prefix_columns)  # each request's mask entries
     bs, w = rows.parents.shape
-    meta = torch.cat([rows.parents.flatten(), counts, torch.tensor(seq_lens), areas.cumsum(0) - areas,
-                      counts.cumsum(0) - counts]).to(device)
-    parents, sizes_d, lens, mask_starts, row_starts = meta.split([bs * w, bs, bs, bs, bs])
+    meta = torch.cat([rows.parents.flatten(), counts, lens, areas.cumsum(0) - areas, counts.cumsum(0) - counts])
+    parents, sizes, lens, mask_starts, row_starts = meta.to(device).split([bs * w, bs, bs, bs, bs])
     mask = torch.empty(int(areas.sum()), dtype=torch.bool, device=device)
-    positions = torch.empty(sum(sizes), dtype=torch.long, device=device)
-    _verify_layout[(bs,)](parents, sizes_d, lens, mask_starts, row_starts, mask, positions, w, PREFIX=prefix_columns,
+    positions = torch.empty(int(counts.sum()), dtype=torch.long, device=device)
+    _verify_layout[(bs,)](parents, sizes, lens, mask_starts, row_starts, mask, positions, w, PREFIX=prefix_columns,
                           W_BLOCK=triton.next_power_of_2(w), P_BLOCK=128)
     real = rows.real
-    return VerifyForwardInput(rows.tokens[real], positions, mask, tuple(sizes), rows.width, real)
+    return VerifyForwardInput(rows.tokens[real], positions, mask, tuple(counts.tolist()), rows.width, real)

@@ -14,7 +14,7 @@ import torch
 
 from sgl_dspark import acceptance
 from sgl_dspark.layout import AcceptRows, VerifyForwardInput, VerifyRows, pack_trees, verify_forward_input
-from sgl_dspark.tree import DraftTree
+from sgl_dspark.tree import DraftTree, random_parents
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ def choose_ops(device: torch.device, max_width: int = PROBE_WIDTH) -> tuple[Step
     if device.type != "cuda":
         return TORCH_OPS, []
     try:
-        timings = time_ops(TORCH_OPS, triton_ops(), device)
-        ops = pick(timings, triton_ops())
+        fast = triton_ops()
+        timings = time_ops(TORCH_OPS, fast, device)
+        ops = pick(timings, fast)
         warm(ops, device, max_width)
     except Exception as exc:  # Triton missing, or its compiler failed on this device: torch's ops serve
         logger.warning("sgl-dspark: the step's Triton kernels cannot run on %s (%s: %s); its torch ops serve",
@@ -92,7 +93,7 @@ def probe_step(device: torch.device, gen: torch.Generator, requests: int = PROBE
     target's choices (drawn so that about half of the drafts match)."""
     trees = []
     for _ in range(requests):
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, width)]
+        parents = random_parents(width, gen)
         trees.append(DraftTree(torch.randint(0, 2, (width,), generator=gen), torch.tensor(parents),
                                torch.ones(width)))
     seq_lens = [PROBE_CONTEXT] * requests

@@ -58,6 +58,12 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def random_parents(n: int, gen: torch.Generator) -> list[int]:
+    """A random tree of n nodes in topological order (root -1): each node hangs off a uniformly drawn earlier one
+    (probe steps and tests)."""
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+
+
 def position_ids(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """parents [n] -> positions [n]: the root sits at prefix_len, each node one past its parent."""
     return depths(parents) + prefix_len

@@ -15,7 +15,7 @@ from sgl_dspark.layout import VerifyRows, pack_trees  # noqa: E402
 from sgl_dspark.sampling import SamplerBatch, SamplingParams  # noqa: E402
 from sgl_dspark.step import DecodeStep, StepRequest, accept  # noqa: E402
 from sgl_dspark.step_ops import TORCH_OPS, StepOps, same, triton_ops, warm  # noqa: E402
-from sgl_dspark.tree import DraftTree  # noqa: E402
+from sgl_dspark.tree import DraftTree, random_parents  # noqa: E402
 
 VOCAB = 3  # tiny: children often carry their parent's choice, and siblings often share a token
 
@@ -38,7 +38,7 @@ def random_tree(n: int, gen: torch.Generator) -> DraftTree:
     if torch.rand(1, generator=gen) < 1 / 3:
         parents = list(range(-1, n - 1))
     else:
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+        parents = random_parents(n, gen)
     return DraftTree(torch.randint(0, VOCAB, (n,), generator=gen), torch.tensor(parents), torch.ones(n))
 
 

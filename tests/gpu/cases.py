@@ -7,7 +7,7 @@ import torch
 
 from attention_backends.mask import with_prefix
 from attention_backends.paged import PagedTreeBatch
-from sgl_dspark.tree import DraftTree, ancestor_mask
+from sgl_dspark.tree import DraftTree, ancestor_mask, random_parents
 
 TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 HEAD_DIM = 128  # one head size everywhere: each (dtype, kv dtype, soft cap) costs FlashInfer a JIT build
@@ -19,11 +19,6 @@ JIT_COMBOS = {
     "bf16-softcap": (torch.bfloat16, torch.bfloat16, SOFT_CAP),
     "bf16-fp8kv": (torch.bfloat16, torch.float8_e4m3fn, 0.0),
 }
-
-
-def random_parents(n: int, gen: torch.Generator) -> list[int]:
-    """A random tree of n nodes in topological order (root -1)."""
-    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
 
 
 def random_tree(n: int, gen: torch.Generator) -> torch.Tensor:

@@ -10,7 +10,7 @@ from attention_backends.mask import (ROW_COUNTS, MaskLayout, chain_mask, dense_v
                                      layout_numel, row_counts, with_prefix)
 from attention_backends.oracle import dense_attention, dense_tree_attention
 from attention_backends.paged import PagedTreeBatch, paged_tree_attention
-from sgl_dspark.tree import ancestor_mask
+from sgl_dspark.tree import ancestor_mask, random_parents
 
 T, F = True, False
 
@@ -104,8 +104,7 @@ def test_batch_rejects_mask_of_wrong_shape():
 
 
 def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-    return ancestor_mask(torch.tensor(parents))
+    return ancestor_mask(torch.tensor(random_parents(n, gen)))
 
 
 @pytest.mark.parametrize("page_size", [1, 3])
