@@ -7,6 +7,8 @@ its one-row gemv for 4-12 rows, so verifying a draft looked expensive; oneDNN on
 must not change which rows are computed (only the GEMM kernel, whose rounding differs from MKL's like gemm from gemv).
 """
 
+import ctypes
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +24,11 @@ KERNEL_ROWS = (1, 4, 16)  # row counts `time_kernels` times by default (a decode
 # `python -m benchmarks.kernel_memory`. `packed_linear` calls the kernel on at most this many rows, which bounds
 # both; above 64 rows an fp32 product is compute-bound, so splitting a larger one costs little.
 MAX_KERNEL_ROWS = 128
+# The packed layouts `packed_rows` recognises: blocks of ROW_BLOCK rows, stored column group by column group, a
+# group being COLUMN_GROUP consecutive columns of one row (float32: 64 rows, groups of 1; bfloat16: 32 rows, pairs).
+ROW_BLOCKS = (64, 32, 16, 8)
+COLUMN_GROUPS = (1, 2, 4)
+CHECK_ROWS = 4096  # rows compared at a time when `packed_rows` checks a layout against the weight
 
 
 def onednn_available() -> bool:
@@ -58,6 +65,53 @@ def row_splits(rows: int) -> list[int]:
     so none pays a weight read of its own for a few rows). Example (cap 128): 129 -> [65, 64]; 300 -> [100] * 3."""
     parts = -(-rows // MAX_KERNEL_ROWS)
     return [rows // parts + (i < rows % parts) for i in range(parts)]
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """A weight's rows read from its packed copy: a tied embedding needs no table of its own beside its packed LM
+    head. `table[ids]` is `weight[ids]` (the same values: a copy of those rows only); `packed_rows` makes one only
+    where the view reproduces the weight exactly."""
+
+    blocks: torch.Tensor  # [padded rows / block, in / group, block, group]: a view of the packed tensor's memory
+    rows: int  # the weight's rows (the packed copy may pad them to whole blocks)
+    packed: torch.Tensor  # the packed tensor, which owns the memory the view reads
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.rows, self.blocks.shape[1] * self.blocks.shape[3]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.blocks.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.device
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [...] (int64) -> rows [..., in]."""
+        block = self.blocks.shape[2]
+        return self.blocks[ids // block, :, ids % block].reshape(*ids.shape, self.shape[1])
+
+
+def packed_rows(weight: torch.Tensor, packed: torch.Tensor) -> PackedRows | None:
+    """weight [out, in] and its `pack`ed copy -> its rows read from the copy, or None where the packed layout is not
+    one of those recognised (ROW_BLOCKS x COLUMN_GROUPS) or the view differs from the weight in any element."""
+    if not (packed.is_mkldnn and packed.dtype == weight.dtype and weight.dim() == 2):
+        return None
+    nbytes, (rows, cols) = torch.ops.mkldnn._nbytes(packed), weight.shape
+    memory = (ctypes.c_char * nbytes).from_address(torch.ops.mkldnn.data_ptr(packed))
+    flat = torch.frombuffer(memory, dtype=weight.dtype)
+    for block, group in itertools.product(ROW_BLOCKS, COLUMN_GROUPS):
+        padded = flat.numel() // cols
+        if flat.numel() % (cols * block) or cols % group or padded < rows:
+            continue
+        table = PackedRows(flat.view(padded // block, cols // group, block, group), rows, packed)
+        if all(torch.equal(table[torch.arange(start, min(start + CHECK_ROWS, rows))],
+                           weight[start:start + CHECK_ROWS]) for start in range(0, rows, CHECK_ROWS)):
+            return table
+    return None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from sgl_dspark.streams import DRAFT, stream_seed
 from scheduler_patch.launch import DSparkLaunch
 from scheduler_patch.runtime.profiler import SavingBudget, startup_table
 from scheduler_patch.runtime.tensor_parallel import tp_group, whole_vocab
-from scheduler_patch.target_gemm import pack_target
+from scheduler_patch.target_gemm import ROWS, pack_target
 
 logger = logging.getLogger("sgl_dspark")
 
@@ -93,9 +93,10 @@ def prior_cost_table() -> StepCostTable:
 
 
 def target_weights(model, vocab: int, tp_group=None) -> TargetWeights:
-    """The target's embedding and LM head, whole (under tensor parallelism gathered from the ranks' shards)."""
+    """The target's embedding and LM head, whole (under tensor parallelism gathered from the ranks' shards); a
+    table read from its packed copy (scheduler_patch/target_gemm.py) is borrowed as that."""
     try:
-        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        embed, head = (vars(m).get(ROWS, m.weight) for m in (model.model.embed_tokens, model.lm_head))
     except AttributeError as exc:
         raise ValueError(f"sgl-dspark: cannot find the embedding / LM head of {type(model).__name__}") from exc
     whole = whole_vocab(embed, vocab, tp_group)
@@ -144,9 +145,12 @@ def use_packed_gemm(model, timed: bool) -> KernelTimes | None:
     if not onednn_available():
         raise ValueError("--speculative-dspark-cpu-gemm onednn: this torch build has no oneDNN; "
                          "set --speculative-dspark-cpu-gemm native")
-    report = pack_target(model, getattr(model, "lm_head", None), KERNEL_ROWS if timed else ())
-    logger.info("sgl-dspark: %d target linear layers on oneDNN packed weights (%.0f MB freed, %.0f MB added)",
-                report.layers, report.freed_bytes / 2**20, report.added_bytes / 2**20)
+    # the tied table read from the packed head, but under tensor parallelism, whose drafter gathers the shards
+    report = pack_target(model, getattr(model, "lm_head", None), KERNEL_ROWS if timed else (),
+                         rows_from_copy=tp_group() is None)
+    logger.info("sgl-dspark: %d target linear layers on oneDNN packed weights (%.0f MB freed, %.0f MB added, "
+                "%.0f MB read from the packed copy instead of a table of their own)", report.layers,
+                report.freed_bytes / 2**20, report.added_bytes / 2**20, report.shared_bytes / 2**20)
     if report.kernels is not None:
         logger.info("sgl-dspark: the target's linear layers, one pass, %s; the gate speculates only where it beats "
                     "the faster of this server's step without drafts and plain SGLang's step",

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sgl_dspark.drafter.config import DrafterConfig
@@ -20,7 +19,8 @@ from sgl_dspark.drafter.layers import BufferedKV, DecoderLayer, PaddedKV, RMSNor
 
 @dataclass(frozen=True)
 class TargetWeights:
-    """The target's frozen token embedding and LM head (may be the same tensor when tied)."""
+    """The target's frozen token embedding and LM head (may be the same tensor when tied): [V, H] tensors, or tables
+    that look rows up as one does (`table[ids]`, `.shape`, `.dtype`, `.device`: sgl_dspark.packed_gemm.PackedRows)."""
 
     embed: torch.Tensor  # [V, H]
     lm_head: torch.Tensor  # [V, H]
@@ -63,8 +63,10 @@ class DSparkDrafter(nn.Module):
             if tuple(w.shape) != want:
                 raise ValueError(f"target {name} has shape {tuple(w.shape)}, drafter expects {want}")
         self._target = target
-        ids, lm_head = self.draft_to_target, target.lm_head.detach()
-        rows = lm_head if ids is None else lm_head[ids.to(lm_head.device)]
+        ids, lm_head = self.draft_to_target, target.lm_head
+        if ids is None and not isinstance(lm_head, torch.Tensor):  # a row table: every row, looked up
+            ids = torch.arange(lm_head.shape[0])
+        rows = lm_head.detach() if ids is None else lm_head[ids.to(lm_head.device)]
         self._lm_rows = rows.to(self.dtype)  # no copy when the dtypes agree; else only the draft vocabulary's rows
         self._lm_project = None
 
@@ -124,7 +126,7 @@ class DSparkDrafter(nn.Module):
         anchor_positions [B] (the anchor's own position, one past the last context token) -> final-normed hidden
         h_1..h_gamma [B, gamma, H]."""
         ids = self.block_ids(anchors.long())
-        x = F.embedding(ids, self.target.embed).to(self.dtype)  # [B, q, H]
+        x = self.target.embed[ids].to(self.dtype)  # [B, q, H]
         positions = anchor_positions.long()[:, None] + torch.arange(ids.shape[1], device=ids.device)
         if isinstance(context, PaddedContext):
             valid = context.valid()

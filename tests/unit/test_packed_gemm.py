@@ -1,16 +1,18 @@
 """oneDNN packed-weight linear layers: equal to nn.Linear up to float rounding, the drafter drafts the same blocks
-with them, and only wide float linear layers are swapped."""
+with them, and only wide float linear layers are swapped; a weight's rows read from its packed copy are its rows."""
 
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from sgl_dspark.drafter import Proposer, ProposeInput, pad_contexts
 from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.cost import StepCostTable
+from sgl_dspark.drafter.model import TargetWeights
 from sgl_dspark.packed_gemm import (MAX_KERNEL_ROWS, KernelTimes, PackedLinear, onednn_available, pack_drafter,
-                                   packed_linear, pack, row_splits, time_kernels)
+                                   packed_linear, packed_rows, pack, row_splits, time_kernels)
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
@@ -45,9 +47,9 @@ def test_row_splits_cover_the_rows_in_near_equal_parts_under_the_cap(rows):
     assert len(parts) == -(-rows // MAX_KERNEL_ROWS)  # the fewest parts, so none is smaller than it must be
 
 
-def drafter_and_input():
+def drafter_and_input(**overrides):
     cfg = tiny_hf_config(hidden_size=64, intermediate_size=128, head_dim=16, num_attention_heads=4,
-                         num_key_value_heads=4, markov_rank=16)
+                         num_key_value_heads=4, markov_rank=16, **overrides)
     drafter, _ = random_drafter(cfg)
     lens = [6, 9]
     ctxs = [drafter.context_kv(torch.randn(n, 128, generator=torch.Generator().manual_seed(n)), torch.arange(n))
@@ -68,6 +70,43 @@ def test_packed_drafter_drafts_the_same_blocks():
     for a, b in zip(got, want):
         assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
         torch.testing.assert_close(a.confidence, b.confidence, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,dtype", [(1000, torch.float32), (1000, torch.bfloat16), (80, torch.float32)])
+def test_packed_rows_are_the_weights_rows(rows, dtype):
+    """The packed copy pads the rows to whole blocks (1000 and 80 are not whole blocks of 64 or 32); lookups of any
+    shape are F.embedding's, bit for bit."""
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(rows, 64, generator=g).to(dtype)
+    table = packed_rows(weight, pack(weight))
+    assert table is not None and table.shape == weight.shape and table.dtype == dtype
+    ids = torch.randint(0, rows, (3, 5), generator=g)
+    assert torch.equal(table[ids], F.embedding(ids, weight))
+    assert torch.equal(table[torch.arange(rows)], weight)
+
+
+def test_packed_rows_refuse_a_copy_that_is_not_the_weights():
+    weight = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0))
+    packed = pack(weight)
+    other = weight.clone()
+    other[999, 63] += 1  # the last element only
+    assert packed_rows(other, packed) is None
+    assert packed_rows(weight, weight) is None  # not a packed tensor
+    assert packed_rows(weight.bfloat16(), packed) is None
+    assert packed_rows(weight, packed) is not None
+
+
+def test_a_drafter_borrowing_the_packed_heads_rows_drafts_the_same_blocks():
+    """The server's drafter looks its input rows up in the target's packed LM head (its table released)."""
+    for reduced in (True, False):
+        drafter, inp = drafter_and_input(draft_vocab_size=20 if reduced else None)
+        want = Proposer(drafter).propose(inp).trees
+        tables = [packed_rows(w, pack(w)) for w in (drafter.target.embed, drafter.target.lm_head)]
+        assert None not in tables
+        drafter.attach_target(TargetWeights(*tables))
+        got = Proposer(drafter).propose(inp).trees
+        for a, b in zip(got, want):
+            assert a.tokens.tolist() == b.tokens.tolist() and torch.equal(a.confidence, b.confidence)
 
 
 def test_narrow_layers_stay_plain():

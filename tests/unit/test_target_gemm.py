@@ -1,6 +1,7 @@
 """The target's layers on oneDNN packed weights inside SGLang (scheduler_patch/target_gemm.py): SGLang's own
-products up to GEMM rounding, only plain float linear layers and the LM head packed, everything else untouched,
-and the two patches idempotent and undoable."""
+products up to GEMM rounding, only plain float linear layers and the LM head packed, everything else untouched, the
+head's table read from its packed copy where asked (SGLang's lookups and the drafter's the same), and the patches
+idempotent and undoable."""
 
 import platform
 
@@ -15,8 +16,8 @@ from sgl_dspark.packed_gemm import onednn_available
 
 from scheduler_patch import target_gemm
 from scheduler_patch.patches import undo_all
-from scheduler_patch.runtime.setup import precision_note, release_freed_memory
-from scheduler_patch.target_gemm import PACKED, PackReport, pack_target
+from scheduler_patch.runtime.setup import precision_note, release_freed_memory, target_weights
+from scheduler_patch.target_gemm import PACKED, ROWS, PackReport, pack_target
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
@@ -24,10 +25,10 @@ pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build
 class Layer(nn.Module):
     """What pack_target reads of an SGLang layer: its quant method and its weight [out, in]."""
 
-    def __init__(self, method, out: int, seed: int, dtype=torch.float32):
+    def __init__(self, method, out: int, seed: int, dtype=torch.float32, width: int = 48):
         super().__init__()
         self.quant_method = method
-        weight = torch.randn(out, 48, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        weight = torch.randn(out, width, generator=torch.Generator().manual_seed(seed)).to(dtype)
         self.weight = nn.Parameter(weight, requires_grad=False)
 
 
@@ -52,6 +53,30 @@ def test_packed_layers_compute_sglangs_products(model):
     torch.testing.assert_close(logits, want_head, rtol=1e-5, atol=1e-5)
 
 
+def test_the_heads_table_read_from_its_packed_copy_looks_up_sglangs_rows():
+    """With rows_from_copy the tied head releases its table: SGLang's embedding lookup, its logits and the drafter's
+    borrowed tables are what they were with the table (lookups bit for bit)."""
+    model = nn.ModuleDict({"linear": Layer(UnquantizedLinearMethod(), 96, 0, width=64),
+                           "head": Layer(UnquantizedEmbeddingMethod(), 1000, 1, width=64)})
+    try:
+        table, ids = model.head.weight.clone(), torch.randint(0, 1000, (7,), generator=torch.Generator().manual_seed(3))
+        x = torch.randn(5, 64, generator=torch.Generator().manual_seed(9))
+        report = pack_target(model, model.head, rows_from_copy=True)
+        assert report == PackReport(layers=2, freed_bytes=96 * 64 * 4, added_bytes=0, shared_bytes=1000 * 64 * 4)
+        assert model.head.weight.numel() == 0 and ROWS in vars(model.head)
+        assert torch.equal(model.head.quant_method.embedding(model.head, ids), F.embedding(ids, table))
+        torch.testing.assert_close(LogitsProcessor._compute_lm_head(None, x, model.head), x @ table.T,
+                                   rtol=1e-5, atol=1e-5)
+        target = nn.Module()  # the drafter borrows them through target_weights (the model's embed_tokens, lm_head)
+        target.model, target.lm_head = nn.Module(), model.head
+        target.model.embed_tokens = model.head
+        weights = target_weights(target, 1000)
+        assert weights.embed is weights.lm_head is vars(model.head)[ROWS]
+        assert torch.equal(weights.embed[ids], table[ids])
+    finally:
+        undo_all(target_gemm.PATCHES)
+
+
 def test_timed_packing_times_both_kernels_then_drops_the_originals(model, monkeypatch):
     """With row counts to time, both kernels are timed on the packed layers' weights (scaled to all of them when only
     the first TIMED_BYTES are timed), and the originals are dropped afterwards as without timing."""
@@ -72,12 +97,16 @@ def test_only_plain_float_linear_layers_and_the_head_are_packed(model):
 
 
 def test_the_patches_apply_once_and_undo_to_sglangs_originals(model):
-    originals = [vars(UnquantizedLinearMethod)["apply"], vars(LogitsProcessor)["_compute_lm_head"]]
+    def current():
+        return [vars(UnquantizedLinearMethod)["apply"], vars(LogitsProcessor)["_compute_lm_head"],
+                vars(UnquantizedEmbeddingMethod)["embedding"]]
+
+    originals = current()
     pack_target(model, model.head)
     pack_target(nn.Module(), None)  # a second model: the patches are already in place
-    assert all(p.applied for p in target_gemm.PATCHES)
+    assert all(p.applied for p in target_gemm.PATCHES) and len(target_gemm.PATCHES) == 3
     undo_all(target_gemm.PATCHES)
-    assert [vars(UnquantizedLinearMethod)["apply"], vars(LogitsProcessor)["_compute_lm_head"]] == originals
+    assert current() == originals
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
