@@ -4,12 +4,13 @@ weights packed for oneDNN (sgl_dspark.packed_gemm; 30 layers of qkv 960x576, o 5
 forward's linear layers over random row counts as a decode step at concurrency 1 (1-17 rows) and 16 (16-150) meets
 them. oneDNN builds and caches one kernel per (row count, weight shape): a server that meets every row count
 (prompts' lengths, verify widths) holds them all, up to its caches' capacity (oneDNN's primitive cache and ideep's,
-1024 each by default). `packed_linear` calls the kernel on at most MAX_KERNEL_ROWS rows at a time, which bounds them.
-Settings: `default` (as served), `unsplit` (one kernel call per product, whatever its rows: before the bound), or a
-number (both caches capped at it, as served otherwise). Each setting runs in a fresh process (the caches read their
+1024 each by default). `packed_linear` calls the kernel on at most MAX_KERNEL_ROWS rows at a time and pads a call of
+more than PAD_ABOVE rows to a multiple of PAD_TO, which bounds them. Settings: `default` (as served), `unpadded` (the
+calls' rows as they are), `unsplit` (one kernel call per product, whatever its rows, unpadded: before both bounds),
+or a number (both caches capped at it, as served otherwise). Each setting runs in a fresh process (the caches read their
 capacity once), settings alternate over repeats (the machine drifts). A benchmark, not a test.
 
-    python -m benchmarks.kernel_memory --settings default,unsplit --out benchmarks/results/kernel-memory.json
+    python -m benchmarks.kernel_memory --settings default,unpadded --out benchmarks/results/kernel-memory.json
 """
 
 import argparse
@@ -28,7 +29,7 @@ LAYERS = 30
 DECODE_ROWS = {"c1": (1, 17), "c16": (16, 150)}  # rows of a decode step (1 + verified drafts per request)
 
 
-def probe(max_rows: int, steps: int, unsplit: bool) -> dict:
+def probe(max_rows: int, steps: int, unsplit: bool, unpadded: bool) -> dict:
     """In this process: RSS (MB) after packing, after every row count 1..max_rows once and again; forward ms."""
     import psutil
     import torch
@@ -38,6 +39,8 @@ def probe(max_rows: int, steps: int, unsplit: bool) -> dict:
 
     if unsplit:
         packed_gemm.MAX_KERNEL_ROWS = 1 << 30
+    if unsplit or unpadded:
+        packed_gemm.PAD_ABOVE = 1 << 30
 
     torch.manual_seed(0)
     process = psutil.Process()
@@ -72,7 +75,7 @@ def run_setting(setting: str, max_rows: int, steps: int) -> dict:
     if setting.isdigit():
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = env["LRU_CACHE_CAPACITY"] = setting
     cmd = [sys.executable, "-m", "benchmarks.kernel_memory", "--probe", "--max-rows", str(max_rows),
-           "--steps", str(steps), *(["--unsplit"] if setting == "unsplit" else [])]
+           "--steps", str(steps), *([f"--{setting}"] if setting in ("unsplit", "unpadded") else [])]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -80,16 +83,18 @@ def run_setting(setting: str, max_rows: int, steps: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="default,unsplit", help="of default, unsplit, or a kernel-cache capacity")
+    p.add_argument("--settings", default="default,unpadded",
+                   help="of default, unpadded, unsplit, or a kernel-cache capacity")
     p.add_argument("--max-rows", type=int, default=200)
     p.add_argument("--steps", type=int, default=100, help="timed forwards per decode-like row range")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--unsplit", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--unpadded", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.probe:
-        print(json.dumps(probe(args.max_rows, args.steps, args.unsplit)))
+        print(json.dumps(probe(args.max_rows, args.steps, args.unsplit, args.unpadded)))
         return 0
     settings = args.settings.split(",")
     runs: dict[str, list[dict]] = {c: [] for c in settings}

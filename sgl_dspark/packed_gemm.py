@@ -24,6 +24,12 @@ KERNEL_ROWS = (1, 4, 16)  # row counts `time_kernels` times by default (a decode
 # `python -m benchmarks.kernel_memory`. `packed_linear` calls the kernel on at most this many rows, which bounds
 # both; above 64 rows an fp32 product is compute-bound, so splitting a larger one costs little.
 MAX_KERNEL_ROWS = 128
+# Each kernel oneDNN builds holds memory growing with its row count: a server meeting every count up to 128 (verify
+# rows at load, prompt chunks) holds ~300 MB of them for the default model (`python -m benchmarks.kernel_memory`).
+# Above PAD_ABOVE rows a call is padded with zero rows to a multiple of PAD_TO, so only 12 counts above it are ever
+# built; calls of up to PAD_ABOVE rows (decode steps at concurrency 1 and 4) run as they are.
+PAD_ABOVE = 32
+PAD_TO = 8
 # The packed layouts `packed_rows` recognises: blocks of ROW_BLOCK rows, stored column group by column group, a
 # group being COLUMN_GROUP consecutive columns of one row (float32: 64 rows, groups of 1; bfloat16: 32 rows, pairs).
 ROW_BLOCKS = (64, 32, 16, 8)
@@ -47,17 +53,29 @@ def pack(weight: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ packed^T (+ bias) -> [..., out], at most MAX_KERNEL_ROWS rows per kernel call (row_splits)."""
+    """x [..., in] @ packed^T (+ bias) -> [..., out], at most MAX_KERNEL_ROWS rows per kernel call (row_splits), each
+    call's rows padded to `row_bucket`."""
     flat = x.reshape(-1, x.shape[-1])
 
     def kernel(rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
+    def padded(rows: torch.Tensor) -> torch.Tensor:
+        n = rows.shape[0]
+        full = row_bucket(n)
+        return kernel(rows) if full == n else kernel(torch.cat([rows, rows.new_zeros(full - n, rows.shape[1])]))[:n]
+
     if flat.shape[0] <= MAX_KERNEL_ROWS:
-        out = kernel(flat)
+        out = padded(flat)
     else:
-        out = torch.cat([kernel(part) for part in flat.split(row_splits(flat.shape[0]))])
+        out = torch.cat([padded(part) for part in flat.split(row_splits(flat.shape[0]))])
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def row_bucket(rows: int) -> int:
+    """The rows a kernel call of `rows` rows runs on: up to PAD_ABOVE as they are, above them padded with zero rows
+    to a multiple of PAD_TO (the rows' own products do not change: `packed_linear` returns those)."""
+    return rows if rows <= PAD_ABOVE else -(-rows // PAD_TO) * PAD_TO
 
 
 def row_splits(rows: int) -> list[int]:

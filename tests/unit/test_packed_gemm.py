@@ -11,8 +11,8 @@ from fixture_drafters import tiny_hf_config
 from sgl_dspark.drafter.fresh import random_drafter
 from sgl_dspark.cost import StepCostTable
 from sgl_dspark.drafter.model import TargetWeights
-from sgl_dspark.packed_gemm import (MAX_KERNEL_ROWS, KernelTimes, PackedLinear, onednn_available, pack_drafter,
-                                   packed_linear, packed_rows, pack, row_splits, time_kernels)
+from sgl_dspark.packed_gemm import (MAX_KERNEL_ROWS, PAD_ABOVE, KernelTimes, PackedLinear, onednn_available,
+                                   pack_drafter, packed_linear, packed_rows, pack, row_bucket, row_splits, time_kernels)
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
@@ -45,6 +45,27 @@ def test_row_splits_cover_the_rows_in_near_equal_parts_under_the_cap(rows):
     parts = row_splits(rows)
     assert sum(parts) == rows and max(parts) <= MAX_KERNEL_ROWS and max(parts) - min(parts) <= 1
     assert len(parts) == -(-rows // MAX_KERNEL_ROWS)  # the fewest parts, so none is smaller than it must be
+
+
+def test_kernel_calls_meet_few_row_counts_above_the_small_ones():
+    """Up to PAD_ABOVE rows a call runs as it is; above, padded to few counts (each a kernel oneDNN keeps)."""
+    counts = {row_bucket(part) for rows in range(1, 1000) for part in row_splits(rows)}
+    assert {c for c in counts if c <= PAD_ABOVE} == set(range(1, PAD_ABOVE + 1))
+    assert len(counts) - PAD_ABOVE <= 12 and max(counts) <= MAX_KERNEL_ROWS
+    assert all(rows <= row_bucket(rows) < rows + 8 for rows in range(1, MAX_KERNEL_ROWS + 1))
+
+
+def test_padded_calls_return_their_own_rows_products():
+    """A call padded to its bucket returns exactly the rows it was given, each the product the bucket's kernel
+    gives it beside any other rows (the padding rows are zeros and are dropped)."""
+    torch.manual_seed(1)
+    weight = torch.randn(96, 48)
+    packed, x = pack(weight), torch.randn(PAD_ABOVE + 3, 48)
+    got = packed_linear(x, packed)
+    assert got.shape == (PAD_ABOVE + 3, 96) and row_bucket(PAD_ABOVE + 3) > PAD_ABOVE + 3
+    beside = packed_linear(torch.cat([x, torch.randn(row_bucket(PAD_ABOVE + 3) - x.shape[0], 48)]), packed)
+    assert torch.equal(got, beside[:x.shape[0]])
+    torch.testing.assert_close(got, x @ weight.T, rtol=1e-5, atol=1e-5)
 
 
 def drafter_and_input(**overrides):
