@@ -30,8 +30,9 @@ MAX_KERNEL_ROWS = 128
 # built; calls of up to PAD_ABOVE rows (decode steps at concurrency 1 and 4) run as they are.
 PAD_ABOVE = 32
 PAD_TO = 8
-# The packed layouts `packed_rows` recognises: blocks of ROW_BLOCK rows, stored column group by column group, a
-# group being COLUMN_GROUP consecutive columns of one row (float32: 64 rows, groups of 1; bfloat16: 32 rows, pairs).
+# The packed layouts `packed_rows` recognises: blocks of one of ROW_BLOCKS rows, stored column group by column group,
+# a group being one of COLUMN_GROUPS consecutive columns of one row (float32: 64 rows, groups of 1; bfloat16: 32
+# rows, pairs).
 ROW_BLOCKS = (64, 32, 16, 8)
 COLUMN_GROUPS = (1, 2, 4)
 CHECK_ROWS = 4096  # rows compared at a time when `packed_rows` checks a layout against the weight
@@ -121,9 +122,11 @@ def packed_rows(weight: torch.Tensor, packed: torch.Tensor) -> PackedRows | None
     nbytes, (rows, cols) = torch.ops.mkldnn._nbytes(packed), weight.shape
     memory = (ctypes.c_char * nbytes).from_address(torch.ops.mkldnn.data_ptr(packed))
     flat = torch.frombuffer(memory, dtype=weight.dtype)
+    padded = flat.numel() // cols
+    if padded < rows:
+        return None
     for block, group in itertools.product(ROW_BLOCKS, COLUMN_GROUPS):
-        padded = flat.numel() // cols
-        if flat.numel() % (cols * block) or cols % group or padded < rows:
+        if flat.numel() % (cols * block) or cols % group:
             continue
         table = PackedRows(flat.view(padded // block, cols // group, block, group), rows, packed)
         if all(torch.equal(table[torch.arange(start, min(start + CHECK_ROWS, rows))],
